@@ -1,0 +1,43 @@
+# Serval: set-up, example models, serving, tests, benchmarks. Everything installs into .venv.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+MODELS := examples/models
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: setup models serve test unit bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+models: $(STAMP) $(MODELS)/.built
+
+$(MODELS)/.built: bench/zoo.py
+	HF_HUB_OFFLINE=1 $(PY) bench/zoo.py --out $(MODELS)
+	touch $@
+
+serve: setup models
+	$(VENV)/bin/serval serve --repository $(MODELS) --host $(HOST) --http-port $(PORT)
+
+test: setup models
+	HF_HUB_OFFLINE=1 $(PY) -m pytest
+
+unit: setup
+	$(PY) -m pytest -m unit
+
+bench: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS)
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) $(MODELS) .pytest_cache

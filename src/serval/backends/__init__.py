@@ -1,0 +1,1 @@
+"""Engines that run models: the Backend protocol and one module per engine."""

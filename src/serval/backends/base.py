@@ -1,0 +1,63 @@
+"""What every engine provides: load a model version, describe it, run a batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from serval.config import ModelConfig
+from serval.protocol.types import TensorDict
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output: v2 datatype and shape (-1 for a free dimension, batch included)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """What a loaded model accepts and returns; max_batch_size 0 means no batch axis."""
+
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersionSpec:
+    """A model version on disk, as the repository found it."""
+
+    name: str
+    version: str
+    path: Path
+    config: ModelConfig
+
+
+class LoadedModel(Protocol):
+    """A model ready to run; infer is synchronous, batch-first, and thread safe."""
+
+    @property
+    def metadata(self) -> ModelMetadata: ...
+
+    def infer(self, inputs: TensorDict) -> TensorDict: ...
+
+    def memory_bytes(self) -> int: ...
+
+    def unload(self) -> None: ...
+
+
+class Backend(Protocol):
+    """An engine able to load the model files of one format."""
+
+    name: str
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel: ...

@@ -1,0 +1,149 @@
+"""The ONNX Runtime engine: sessions sized to the cores, metadata read from the model file."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from typing import Any
+
+import numpy as np
+
+from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec, TensorSpec
+from serval.config import ModelConfig, OnnxRuntimeConfig
+from serval.errors import ConfigError
+from serval.protocol.dtypes import from_onnx_type
+from serval.protocol.types import TensorDict
+
+log = logging.getLogger(__name__)
+
+MODEL_FILE = "model.onnx"
+DEFAULT_MAX_BATCH_SIZE = 64
+_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+class OnnxRuntimeBackend:
+    """Loads model.onnx files; cores is what this process may use for engine threads."""
+
+    name = "onnxruntime"
+
+    def __init__(self, cores: int) -> None:
+        self.cores = max(1, cores)
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        model_file = spec.path / MODEL_FILE
+        if not model_file.is_file():
+            raise ConfigError(f"{model_file}: model file not found")
+        sessions = [self._session(model_file, spec.config) for _ in range(spec.config.instances)]
+        metadata = read_metadata(sessions[0], spec.config, str(model_file))
+        size_bytes = model_file.stat().st_size * len(sessions)
+        return OnnxModel(sessions, metadata, size_bytes)
+
+    def _session(self, model_file: Any, config: ModelConfig) -> Any:
+        import onnxruntime as ort
+
+        options = session_options(config.onnxruntime, self._intra_threads(config))
+        providers = execution_providers(config, ort.get_available_providers())
+        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
+
+    def _intra_threads(self, config: ModelConfig) -> int:
+        if config.onnxruntime.intra_op_threads is not None:
+            return config.onnxruntime.intra_op_threads
+        return max(1, self.cores // config.instances)
+
+
+class OnnxModel:
+    """One or more sessions of the same file; each concurrent run takes a free session."""
+
+    def __init__(self, sessions: list[Any], metadata: ModelMetadata, size_bytes: int) -> None:
+        self._metadata = metadata
+        self._size_bytes = size_bytes
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for session in sessions:
+            self._free.put(session)
+        self._output_names = [spec.name for spec in metadata.outputs]
+        self._string_inputs = {s.name for s in metadata.inputs if s.datatype == "BYTES"}
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self._metadata
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        feed = {name: _engine_array(name, array, self._string_inputs)
+                for name, array in inputs.items()}
+        session = self._free.get()
+        try:
+            results = session.run(self._output_names, feed)
+        finally:
+            self._free.put(session)
+        return dict(zip(self._output_names, results, strict=True))
+
+    def memory_bytes(self) -> int:
+        return self._size_bytes
+
+    def unload(self) -> None:
+        while not self._free.empty():
+            self._free.get_nowait()
+
+
+def session_options(config: OnnxRuntimeConfig, intra_threads: int) -> Any:
+    """SessionOptions from config; spinning off by default (it steals the HTTP core)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_threads
+    options.inter_op_num_threads = config.inter_op_threads or 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _OPT_LEVELS[config.graph_optimization_level]
+    )
+    spinning = "1" if config.allow_spinning else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    return options
+
+
+def execution_providers(config: ModelConfig, available: list[str]) -> list[Any]:
+    """Providers for the configured device: CUDA first when asked for and present."""
+    if config.onnxruntime.execution_providers:
+        missing = [p for p in config.onnxruntime.execution_providers if p not in available]
+        if missing:
+            raise ConfigError(f"execution providers {missing} are not available; have {available}")
+        return list(config.onnxruntime.execution_providers)
+    if config.device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in available:
+            raise ConfigError(f"device '{config.device}' asked for, but CUDA is not available")
+        device_id = int(config.device.partition(":")[2] or 0)
+        return [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def read_metadata(session: Any, config: ModelConfig, source: str) -> ModelMetadata:
+    """Inputs/outputs from the session; max_batch_size from config or the free batch axis."""
+    inputs = tuple(_tensor_spec(arg) for arg in session.get_inputs())
+    outputs = tuple(_tensor_spec(arg) for arg in session.get_outputs())
+    batchable = all(spec.shape and spec.shape[0] == -1 for spec in inputs + outputs)
+    max_batch_size = config.max_batch_size
+    if max_batch_size is None:
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable else 0
+    elif max_batch_size > 0 and not batchable:
+        raise ConfigError(
+            f"{source}: max_batch_size is {max_batch_size} but not every input and output "
+            "has a free first (batch) dimension"
+        )
+    return ModelMetadata("onnxruntime_onnx", inputs, outputs, max_batch_size)
+
+
+def _tensor_spec(arg: Any) -> TensorSpec:
+    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in arg.shape)
+    return TensorSpec(arg.name, from_onnx_type(arg.type), shape)
+
+
+def _engine_array(name: str, array: np.ndarray, string_inputs: set[str]) -> np.ndarray:
+    if name in string_inputs:
+        return np.vectorize(_to_str, otypes=[object])(array)
+    return array
+
+
+def _to_str(element: object) -> str:
+    return element.decode("utf-8", errors="replace") if isinstance(element, bytes) else str(element)

@@ -1,0 +1,1 @@
+"""Dynamic batching: pure batch formation, tensor merge/split, and the per-model queue task."""

@@ -1,0 +1,181 @@
+"""The per-model queue task: forms batches adaptively and runs them on engine threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from serval.backends.base import LoadedModel
+from serval.batching.policy import (
+    PendingRequest,
+    dispatch_delay_ns,
+    is_live,
+    signature_of,
+    take_batch,
+)
+from serval.batching.tensors import concat_inputs, split_outputs
+from serval.errors import BackendError, DeadlineExceeded, ServalError, ServerUnavailable
+from serval.observability.stats import ModelStats
+from serval.protocol.types import TensorDict
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+class Batcher:
+    """One queue per model; `instances` consumer tasks each run one batch at a time.
+
+    A consumer that finds the queue non-empty takes what is there at once (with
+    max_queue_delay_ms 0), so an idle engine adds no delay and a busy one gathers
+    everything that queued while it ran into the next batch.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        stats: ModelStats,
+        *,
+        instances: int = 1,
+        max_queue_delay_ms: float = 0.0,
+        clock: Clock = time.perf_counter_ns,
+    ) -> None:
+        self._model = model
+        self._stats = stats
+        self._clock = clock
+        max_batch = model.metadata.max_batch_size
+        self._batching = max_batch > 0
+        self._max_rows = max(1, max_batch)
+        self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
+        self._queue: deque[PendingRequest] = deque()
+        self._queued_rows = 0
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._running = 0
+        self._closed = False
+        self._executor = ThreadPoolExecutor(instances, thread_name_prefix=f"engine-{stats.name}")
+        self._consumers = [asyncio.create_task(self._consume()) for _ in range(instances)]
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
+        """Queue one request and wait for its own rows of the batch output."""
+        if self._closed:
+            raise ServerUnavailable("the model is being unloaded")
+        rows = _batch_rows(inputs) if self._batching else 1
+        future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
+        request = PendingRequest(
+            inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns
+        )
+        self._queue.append(request)
+        self._queued_rows += rows
+        self._idle.clear()
+        self._wakeup.set()
+        return await future
+
+    async def drain(self) -> None:
+        """Wait until every queued and running request has its answer."""
+        while self._queue or self._running:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        """Stop the consumers; requests still queued fail as unavailable."""
+        self._closed = True
+        for task in self._consumers:
+            task.cancel()
+        for task in self._consumers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(ServerUnavailable("the model was unloaded"))
+        self._queued_rows = 0
+        self._executor.shutdown(wait=True)
+
+    async def _consume(self) -> None:
+        while True:
+            if not self._queue:
+                self._wakeup.clear()
+                if not self._running:
+                    self._idle.set()
+                await self._wakeup.wait()
+                continue
+            delay_ns = dispatch_delay_ns(
+                self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock()
+            )
+            if delay_ns > 0:
+                await self._wait_for_more(delay_ns)
+                continue
+            batch = self._take_live_batch()
+            if batch:
+                self._running += 1
+                try:
+                    await self._run(batch)
+                finally:
+                    self._running -= 1
+
+    async def _wait_for_more(self, delay_ns: int) -> None:
+        self._wakeup.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), delay_ns / 1e9)
+
+    def _take_live_batch(self) -> list[PendingRequest]:
+        batch = take_batch(self._queue, self._max_rows)
+        self._queued_rows -= sum(request.rows for request in batch)
+        now_ns = self._clock()
+        live = []
+        for request in batch:
+            if is_live(request, now_ns):
+                self._stats.record_queue(now_ns - request.enqueued_ns)
+                live.append(request)
+            elif not request.future.done():
+                request.future.set_exception(
+                    DeadlineExceeded("the request's deadline passed while it was queued")
+                )
+        return live
+
+    async def _run(self, batch: list[PendingRequest]) -> None:
+        loop = asyncio.get_running_loop()
+        started_ns = self._clock()
+        try:
+            inputs = concat_inputs([request.inputs for request in batch])
+            merged_ns = self._clock()
+            outputs = await loop.run_in_executor(self._executor, self._model.infer, inputs)
+            computed_ns = self._clock()
+            pieces = split_outputs(outputs, [r.rows for r in batch], self._stats.name)
+        except Exception as exc:
+            _fail_all(batch, exc, self._stats.name)
+            return
+        done_ns = self._clock()
+        for request, piece in zip(batch, pieces, strict=True):
+            if not request.future.done():
+                request.future.set_result(piece)
+        self._stats.record_execution(
+            sum(r.rows for r in batch), len(batch),
+            merged_ns - started_ns, computed_ns - merged_ns, done_ns - computed_ns,
+        )
+
+
+def _batch_rows(inputs: TensorDict) -> int:
+    return int(next(iter(inputs.values())).shape[0])
+
+
+def _fail_all(batch: list[PendingRequest], exc: Exception, model_name: str) -> None:
+    if isinstance(exc, ServalError):
+        error: ServalError = exc
+    else:
+        error = BackendError(f"model '{model_name}' failed to run the batch")
+        error.__cause__ = exc
+    for request in batch:
+        if not request.future.done():
+            request.future.set_exception(error)

@@ -1,0 +1,1 @@
+"""The `serval` command: one module per command; flags become config, nothing else."""

@@ -1,0 +1,33 @@
+"""Entry point of the `serval` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from serval import __version__
+from serval.cli import models, serve
+
+app = typer.Typer(
+    name="serval",
+    help="Serval: a fast, cheap KServe v2 inference server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("serve")(serve.serve_command)
+app.add_typer(models.app, name="models")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"serval {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Serve, inspect and measure models over the KServe v2 protocol."""

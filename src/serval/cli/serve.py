@@ -1,0 +1,52 @@
+"""`serval serve`: serve a model repository over KServe v2 HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+
+from serval.config import ServerConfig
+from serval.errors import ConfigError
+
+
+def serve_command(
+    repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    http_port: int = typer.Option(8000, "--http-port", help="HTTP port (KServe v2 REST)."),
+    workers: int = typer.Option(
+        1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
+    ),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Serve every model in REPOSITORY over KServe v2 REST."""
+    from serval.server.runner import serve
+
+    try:
+        config = ServerConfig(
+            repository=repository, host=host, http_port=http_port, workers=workers,
+            log_level=log_level,  # type: ignore[arg-type]
+        )
+    except ValidationError as exc:
+        raise typer.BadParameter(_one_line(exc)) from None
+    if not repository.is_dir():
+        _fail(f"model repository '{repository}' is not a directory")
+    if workers > 1 and http_port == 0:
+        _fail("--workers > 1 needs a fixed --http-port (the workers share it)")
+    try:
+        serve(config)
+    except ConfigError as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{http_port}: {exc.strerror or exc}")
+
+
+def _one_line(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"serval: {message}", err=True)
+    raise typer.Exit(2)

@@ -1,0 +1,184 @@
+"""The one API both transports call: validate, route to a model's batcher, account, answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from serval import __version__
+from serval.backends.base import ModelMetadata, TensorSpec
+from serval.errors import InvalidInput, ModelNotReady, ServalError
+from serval.protocol.dtypes import v2_datatype
+from serval.protocol.types import InferRequest, InferResponse, TensorDict
+from serval.repository.registry import ModelRegistry, ModelState, ServedModel
+
+SERVER_NAME = "serval"
+EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "parameters")
+
+
+class DataPlane:
+    """Inference, metadata, readiness and statistics over the registry's models."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+        self._ready = False
+
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        served = self.registry.get(name, version)
+        metadata = _require_metadata(served)
+        return {
+            "name": name,
+            "versions": self._ready_versions(name),
+            "platform": metadata.platform,
+            "inputs": [spec.as_dict() for spec in metadata.inputs],
+            "outputs": [spec.as_dict() for spec in metadata.outputs],
+        }
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self.registry.get(name, version).state is ModelState.READY
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """The model's configuration as Triton's model_configuration extension shows it."""
+        served = self.registry.get(name, version)
+        metadata = _require_metadata(served)
+        config = served.spec.config if served.spec else None
+        batch_dims = 1 if metadata.max_batch_size > 0 else 0
+        return {
+            "name": name,
+            "platform": metadata.platform,
+            "backend": config.backend if config else "",
+            "max_batch_size": metadata.max_batch_size,
+            "input": [_config_tensor(spec, batch_dims) for spec in metadata.inputs],
+            "output": [_config_tensor(spec, batch_dims) for spec in metadata.outputs],
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": int(config.batching.max_queue_delay_ms * 1000)
+                if config else 0,
+            },
+            "instance_group": [{"count": config.instances if config else 1, "kind": "KIND_CPU"}],
+        }
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics extension: every model, or one model (all or one version)."""
+        if not name:
+            models = self.registry.all_models()
+        elif version:
+            models = [self.registry.get(name, version)]
+        else:
+            models = [self.registry.get(name, v) for v in self.registry.versions_of(name)]
+        return {"model_stats": [served.stats.as_triton_dict() for served in models]}
+
+    async def infer(
+        self, name: str, version: str | None, request: InferRequest, received_ns: int
+    ) -> InferResponse:
+        """Run one request through the model's batcher; every outcome is counted."""
+        async with self.registry.acquire(name, version) as served:
+            stats = served.stats
+            try:
+                metadata = _require_metadata(served)
+                validate_request(request, metadata, name)
+                assert served.batcher is not None
+                outputs = await served.batcher.infer(request.inputs)
+            except ServalError as exc:
+                stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
+                raise
+            except asyncio.CancelledError:
+                stats.record_request("cancelled", time.perf_counter_ns() - received_ns)
+                raise
+            stats.record_request("success", time.perf_counter_ns() - received_ns)
+            return InferResponse(
+                name, served.version, _select_outputs(outputs, request), request.id
+            )
+
+    def _ready_versions(self, name: str) -> list[str]:
+        return [
+            v for v in self.registry.versions_of(name)
+            if self.registry.get(name, v).state is ModelState.READY
+        ]
+
+
+def validate_request(request: InferRequest, metadata: ModelMetadata, model: str) -> None:
+    """InvalidInput naming what was wrong and what the model expects."""
+    expected = {spec.name: spec for spec in metadata.inputs}
+    for name in request.inputs:
+        if name not in expected:
+            raise InvalidInput(
+                f"model '{model}' has no input '{name}'; expected inputs: {_describe(expected)}"
+            )
+    batch_sizes = set()
+    for spec in metadata.inputs:
+        array = request.inputs.get(spec.name)
+        if array is None:
+            raise InvalidInput(
+                f"model '{model}' needs input '{spec.name}' ({spec.datatype} {list(spec.shape)})"
+            )
+        _check_tensor(array, spec, metadata.max_batch_size)
+        if metadata.max_batch_size > 0:
+            batch_sizes.add(array.shape[0])
+    if len(batch_sizes) > 1:
+        raise InvalidInput(f"inputs disagree on the batch size: {sorted(batch_sizes)}")
+    _check_requested_outputs(request, metadata, model)
+
+
+def _check_tensor(array: Any, spec: TensorSpec, max_batch_size: int) -> None:
+    datatype = v2_datatype(array.dtype)
+    if datatype != spec.datatype:
+        raise InvalidInput(
+            f"input '{spec.name}': datatype {datatype} given, model expects {spec.datatype}"
+        )
+    shape, want = tuple(array.shape), spec.shape
+    fits = len(shape) == len(want) and all(w in (-1, s) for s, w in zip(shape, want, strict=True))
+    if not fits:
+        raise InvalidInput(
+            f"input '{spec.name}': shape {list(shape)} given, model expects {list(want)} "
+            "(-1 is any size)"
+        )
+    if max_batch_size > 0 and not 1 <= shape[0] <= max_batch_size:
+        raise InvalidInput(
+            f"input '{spec.name}': batch size {shape[0]} given, model accepts 1 to {max_batch_size}"
+        )
+
+
+def _check_requested_outputs(request: InferRequest, metadata: ModelMetadata, model: str) -> None:
+    if not request.outputs:
+        return
+    known = {spec.name for spec in metadata.outputs}
+    for output in request.outputs:
+        if output.name not in known:
+            raise InvalidInput(
+                f"model '{model}' has no output '{output.name}'; outputs: {', '.join(sorted(known))}"
+            )
+
+
+def _select_outputs(outputs: TensorDict, request: InferRequest) -> TensorDict:
+    if not request.outputs:
+        return outputs
+    return {output.name: outputs[output.name] for output in request.outputs}
+
+
+def _require_metadata(served: ServedModel) -> ModelMetadata:
+    if served.model is None:
+        reason = f": {served.reason}" if served.reason else ""
+        raise ModelNotReady(f"model '{served.name}' is not loaded{reason}")
+    return served.model.metadata
+
+
+def _describe(specs: dict[str, TensorSpec]) -> str:
+    return ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in specs.values())
+
+
+def _config_tensor(spec: TensorSpec, batch_dims: int) -> dict[str, Any]:
+    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+    return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[batch_dims:])}

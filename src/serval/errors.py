@@ -1,0 +1,77 @@
+"""Serval's error vocabulary: one code per failure kind, no transport imports."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    """What went wrong, independent of the transport that reports it."""
+
+    INVALID_INPUT = "invalid_input"
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_NOT_READY = "model_not_ready"
+    OVERLOADED = "overloaded"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    BACKEND_ERROR = "backend_error"
+    UNAVAILABLE = "unavailable"
+
+
+class ServalError(Exception):
+    """Base of every error Serval reports to a client."""
+
+    code: ErrorCode = ErrorCode.BACKEND_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServalError):
+    """The request is malformed or does not match the model (HTTP 400)."""
+
+    code = ErrorCode.INVALID_INPUT
+
+
+class ModelNotFound(ServalError):
+    """No such model or version in the repository (HTTP 404)."""
+
+    code = ErrorCode.MODEL_NOT_FOUND
+
+
+class ModelNotReady(ServalError):
+    """The model exists but cannot serve now (HTTP 503)."""
+
+    code = ErrorCode.MODEL_NOT_READY
+
+
+class Overloaded(ServalError):
+    """The server refuses work it could not finish in time (HTTP 429)."""
+
+    code = ErrorCode.OVERLOADED
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(ServalError):
+    """The request's deadline passed before it could be computed (HTTP 504)."""
+
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class BackendError(ServalError):
+    """The engine failed; the client sees generic text, the log the cause (HTTP 500)."""
+
+    code = ErrorCode.BACKEND_ERROR
+
+
+class ServerUnavailable(ServalError):
+    """The server is shutting down or not started (HTTP 503)."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+class ConfigError(Exception):
+    """A repository or config file is invalid; the message names the file and field."""

@@ -1,0 +1,1 @@
+"""What Serval tells operators: per-model statistics, Prometheus metrics, logs."""

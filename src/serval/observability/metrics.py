@@ -1,0 +1,76 @@
+"""Prometheus metrics, defined once here and read from ModelStats at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from serval.observability.stats import Histogram, ModelStats
+
+LABELS = ["model", "version"]
+
+
+class ModelMetricsCollector(Collector):
+    """Turns every model's counters into metric families when Prometheus scrapes."""
+
+    def __init__(self, models: Callable[[], Iterable[tuple[ModelStats, int, bool]]]) -> None:
+        self._models = models  # yields (stats, memory bytes, ready)
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "serval_requests", "Inference requests by outcome", labels=[*LABELS, "outcome"]
+        )
+        inferences = CounterMetricFamily(
+            "serval_inferences", "Batch rows computed (items)", labels=LABELS
+        )
+        executions = CounterMetricFamily("serval_executions", "Engine runs", labels=LABELS)
+        memory = GaugeMetricFamily(
+            "serval_model_memory_bytes", "Memory held by the loaded model", labels=LABELS
+        )
+        ready = GaugeMetricFamily("serval_model_ready", "1 when the model serves", labels=LABELS)
+        histograms = {
+            "request_seconds": _histogram("serval_request_duration_seconds",
+                                          "Time in the data plane per request"),
+            "queue_seconds": _histogram("serval_queue_duration_seconds",
+                                        "Time a request waited in the batch queue"),
+            "compute_seconds": _histogram("serval_compute_duration_seconds",
+                                          "Time of one batch: merge, engine run, split"),
+            "batch_size": _histogram("serval_batch_size", "Rows per engine run"),
+        }
+        for stats, memory_bytes, is_ready in self._models():
+            labels = [stats.name, stats.version]
+            for outcome, count in sorted(stats.outcomes.items()):
+                requests.add_metric([*labels, outcome], count)
+            inferences.add_metric(labels, stats.inference_count)
+            executions.add_metric(labels, stats.execution_count)
+            memory.add_metric(labels, memory_bytes)
+            ready.add_metric(labels, 1 if is_ready else 0)
+            for attribute, family in histograms.items():
+                _add_histogram(family, labels, getattr(stats, attribute))
+        yield from (requests, inferences, executions, memory, ready, *histograms.values())
+
+
+def build_registry(collector: Collector) -> CollectorRegistry:
+    """A registry with Serval's model metrics plus process, platform and GC metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+def _histogram(name: str, documentation: str) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, documentation, labels=LABELS)
+
+
+def _add_histogram(family: HistogramMetricFamily, labels: list[str], hist: Histogram) -> None:
+    family.add_metric(labels, hist.cumulative(), hist.sum)

@@ -1,0 +1,1 @@
+"""The KServe v2 (Open Inference Protocol) types and wire codecs."""

@@ -1,0 +1,275 @@
+"""KServe v2 REST bodies: JSON tensors and Triton's binary tensor data extension."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from serval.errors import InvalidInput
+from serval.protocol.bytes_tensor import as_text, decode_bytes_elements, encode_bytes_elements
+from serval.protocol.dtypes import numpy_dtype, v2_datatype
+from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
+
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode an infer body; header_length is Inference-Header-Content-Length, if sent."""
+    if header_length is None:
+        json_end = len(body)
+    elif 0 <= header_length <= len(body):
+        json_end = header_length
+    else:
+        raise InvalidInput(
+            f"Inference-Header-Content-Length is {header_length} but the body has "
+            f"{len(body)} bytes"
+        )
+    doc = _parse_json(memoryview(body)[:json_end])
+    binary = _BinarySection(body, json_end)
+    inputs = _decode_inputs(doc.get("inputs"), binary)
+    binary.check_consumed()
+    parameters = _object_field(doc, "parameters", "request")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("request 'id' must be a string")
+    return InferRequest(
+        inputs=inputs,
+        outputs=_decode_requested_outputs(doc.get("outputs")),
+        id=request_id,
+        parameters=parameters,
+        binary_output=bool(parameters.get("binary_data_output", False)),
+    )
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """Encode outputs as JSON, binary where asked; returns (body, json header length or None)."""
+    binary_by_name = _binary_choices(request)
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, array in response.outputs.items():
+        binary = binary_by_name.get(name, request.binary_output)
+        entry: dict[str, Any] = {
+            "name": name,
+            "datatype": v2_datatype(array.dtype),
+            "shape": list(array.shape),
+        }
+        if binary:
+            raw = _tensor_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _json_data(array)
+        entries.append(entry)
+    doc: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": entries,
+    }
+    if response.id is not None:
+        doc["id"] = response.id
+    header = orjson.dumps(doc, option=_DUMPS_OPTIONS)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+class _BinarySection:
+    """The bytes after the JSON header, handed out in input order."""
+
+    __slots__ = ("body", "end", "offset")
+
+    def __init__(self, body: bytes, start: int) -> None:
+        self.body, self.offset, self.end = body, start, len(body)
+
+    def take(self, size: int, input_name: str) -> tuple[int, int]:
+        if self.offset + size > self.end:
+            raise InvalidInput(
+                f"input '{input_name}': binary_data_size is {size} but only "
+                f"{self.end - self.offset} bytes of binary data remain"
+            )
+        start = self.offset
+        self.offset += size
+        return start, size
+
+    def check_consumed(self) -> None:
+        if self.offset != self.end:
+            raise InvalidInput(
+                f"request body has {self.end - self.offset} bytes after the declared tensors"
+            )
+
+
+def _parse_json(raw: memoryview) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+    return doc
+
+
+def _object_field(doc: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} '{key}' must be a JSON object")
+    return value
+
+
+def _decode_inputs(raw_inputs: Any, binary: _BinarySection) -> TensorDict:
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("request must have a non-empty 'inputs' list")
+    inputs: TensorDict = {}
+    for raw in raw_inputs:
+        name, array = _decode_input(raw, binary)
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' is given more than once")
+        inputs[name] = array
+    return inputs
+
+
+def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray]:
+    if not isinstance(raw, dict):
+        raise InvalidInput("each input must be a JSON object with name, datatype, shape, data")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("an input has no 'name' string")
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInput(f"input '{name}': 'datatype' must be a string such as \"FP32\"")
+    dtype = numpy_dtype(datatype)
+    shape = _decode_shape(raw.get("shape"), name)
+    count = math.prod(shape)
+    params = _object_field(raw, "parameters", f"input '{name}'")
+    size = params.get("binary_data_size")
+    if size is not None:
+        array = _binary_input(binary, name, datatype, dtype, shape, count, size)
+    elif "data" in raw:
+        array = _json_input(raw["data"], name, datatype, dtype, shape, count)
+    else:
+        raise InvalidInput(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
+    return name, array
+
+
+def _decode_shape(raw: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+        raise InvalidInput(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got {raw!r}"
+        )
+    return tuple(raw)
+
+
+def _binary_input(
+    binary: _BinarySection,
+    name: str,
+    datatype: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    count: int,
+    size: Any,
+) -> np.ndarray:
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+    start, size = binary.take(size, name)
+    if datatype == "BYTES":
+        view = memoryview(binary.body)[start : start + size]
+        return decode_bytes_elements(view, count, name).reshape(shape)
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidInput(
+            f"input '{name}': {datatype} shape {list(shape)} needs {expected} bytes, "
+            f"binary_data_size is {size}"
+        )
+    return np.frombuffer(binary.body, dtype=dtype, count=count, offset=start).reshape(shape)
+
+
+def _json_input(
+    data: Any, name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], count: int
+) -> np.ndarray:
+    if not isinstance(data, list):
+        raise InvalidInput(f"input '{name}': 'data' must be a JSON list")
+    if datatype == "BYTES":
+        array = _bytes_from_json(data, name)
+    else:
+        array = _numbers_from_json(data, name, datatype, dtype)
+    if array.size != count:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {count} elements, "
+            f"'data' has {array.size}"
+        )
+    return array.reshape(shape)
+
+
+def _numbers_from_json(data: list[Any], name: str, datatype: str, dtype: np.dtype) -> np.ndarray:
+    first = _first_scalar(data)
+    if isinstance(first, str) or (datatype != "BOOL" and isinstance(first, bool)):
+        raise InvalidInput(f"input '{name}': {datatype} data must be numbers, got {first!r}")
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise InvalidInput(f"input '{name}': data is not valid {datatype}: {exc}") from None
+    return array
+
+
+def _bytes_from_json(data: list[Any], name: str) -> np.ndarray:
+    flat = _flatten(data)
+    array = np.empty(len(flat), dtype=object)
+    for index, element in enumerate(flat):
+        if isinstance(element, str):
+            array[index] = element.encode("utf-8")
+        else:
+            raise InvalidInput(f"input '{name}': BYTES data must be strings, got {element!r}")
+    return array
+
+
+def _first_scalar(data: list[Any]) -> Any:
+    value: Any = data
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    if not any(isinstance(item, list) for item in data):
+        return data
+    flat: list[Any] = []
+    for item in data:
+        flat.extend(_flatten(item) if isinstance(item, list) else [item])
+    return flat
+
+
+def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InvalidInput("'outputs' must be a list of {\"name\": ...} objects")
+    requested: list[RequestedOutput] = []
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidInput("each requested output must be an object with a 'name' string")
+        params = _object_field(item, "parameters", f"output '{item['name']}'")
+        binary = params.get("binary_data")
+        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+    return requested
+
+
+def _binary_choices(request: InferRequest) -> dict[str, bool]:
+    if not request.outputs:
+        return {}
+    return {o.name: o.binary for o in request.outputs if o.binary is not None}
+
+
+def _tensor_bytes(array: np.ndarray) -> bytes:
+    if array.dtype == object or array.dtype.kind in ("U", "S"):
+        return encode_bytes_elements(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _json_data(array: np.ndarray) -> Any:
+    if array.dtype == object or array.dtype.kind in ("U", "S"):
+        return [as_text(element) for element in array.ravel()]
+    return np.ascontiguousarray(array).ravel()

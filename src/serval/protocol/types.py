@@ -1,0 +1,39 @@
+"""Transport-neutral v2 inference messages: what a decoded request and a response hold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TensorDict = dict[str, np.ndarray]
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for; binary=None follows the request's default."""
+
+    name: str
+    binary: bool | None = None
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request: batch-first numpy inputs plus what to return."""
+
+    inputs: TensorDict
+    outputs: list[RequestedOutput] | None = None
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    binary_output: bool = False
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The outputs computed for one request, in the order the model declares them."""
+
+    model_name: str
+    model_version: str
+    outputs: TensorDict
+    id: str | None = None

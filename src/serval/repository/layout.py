@@ -1,0 +1,48 @@
+"""Reads a Triton-shaped repository: <root>/<model>/config.yaml and <root>/<model>/<version>/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from serval.backends.base import ModelVersionSpec
+from serval.config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
+from serval.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDirectory:
+    """One model folder: its name and the numeric version folders found in it, oldest first."""
+
+    name: str
+    path: Path
+    versions: tuple[str, ...]
+
+    def config(self) -> ModelConfig:
+        return load_model_config(self.path / MODEL_CONFIG_FILE)
+
+    def version_spec(self, version: str) -> ModelVersionSpec:
+        if version not in self.versions:
+            raise ConfigError(f"{self.path}: has no version {version}")
+        return ModelVersionSpec(self.name, version, self.path / version, self.config())
+
+    def latest_spec(self) -> ModelVersionSpec:
+        if not self.versions:
+            raise ConfigError(f"{self.path}: no version directory (expected e.g. {self.path}/1/)")
+        return self.version_spec(self.versions[-1])
+
+
+def scan_repository(root: Path) -> list[ModelDirectory]:
+    """Every model folder under root, sorted by name; hidden and temp folders are skipped."""
+    if not root.is_dir():
+        raise ConfigError(f"{root}: model repository directory not found")
+    models = []
+    for entry in sorted(root.iterdir()):
+        if entry.is_dir() and not entry.name.startswith((".", "_")):
+            models.append(ModelDirectory(entry.name, entry, _versions(entry)))
+    return models
+
+
+def _versions(model_path: Path) -> tuple[str, ...]:
+    numeric = [p.name for p in model_path.iterdir() if p.is_dir() and p.name.isdigit()]
+    return tuple(sorted(numeric, key=int))

@@ -1,0 +1,1 @@
+"""Transports over the data plane (HTTP now) and the process that runs them."""

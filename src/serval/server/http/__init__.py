@@ -1,0 +1,1 @@
+"""KServe v2 REST over ASGI: routes, body codecs, error mapping."""

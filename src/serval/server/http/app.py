@@ -1,0 +1,195 @@
+"""The v2 REST routes as a raw ASGI app: hand routing keeps per-request overhead small."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, generate_latest
+
+from serval.dataplane import DataPlane
+from serval.errors import InvalidInput, ServalError
+from serval.protocol.rest_codec import decode_request, encode_response
+from serval.server.http.errors import (
+    JSON_HEADERS,
+    Headers,
+    error_body,
+    serval_error_response,
+    unexpected_error_response,
+)
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Reply = tuple[int, bytes, Headers]
+
+_MODEL_ACTIONS = ("", "ready", "config", "stats", "infer")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class HttpApp:
+    """Routes v2 REST requests to the data plane and encodes the replies."""
+
+    def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry) -> None:
+        self.dataplane = dataplane
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        try:
+            status, body, headers = await self._route(method, path, scope, receive)
+        except ServalError as exc:
+            status, body, headers = serval_error_response(exc, f"{method} {path}")
+        except ClientGone:
+            return
+        except Exception as exc:
+            status, body, headers = unexpected_error_response(exc, f"{method} {path}")
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, method: str, path: str, scope: Scope, receive: Receive) -> Reply:
+        parts = path.strip("/").split("/")
+        if parts[0] == "v2":
+            if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
+                return await self._model_route(method, parts[2:], scope, receive)
+            return self._server_route(method, parts[1:])
+        if parts == ["metrics"] and method == "GET":
+            return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
+        return _not_found(method, path)
+
+    def _server_route(self, method: str, parts: list[str]) -> Reply:
+        if method != "GET":
+            return _method_not_allowed(method, "/v2/" + "/".join(parts))
+        if parts == []:
+            return _json(self.dataplane.server_metadata())
+        if parts == ["health", "live"]:
+            return _status_only(200 if self.dataplane.live() else 503)
+        if parts == ["health", "ready"]:
+            return _status_only(200 if self.dataplane.ready() else 503)
+        if parts == ["models", "stats"]:
+            return _json(self.dataplane.statistics())
+        return _not_found(method, "/v2/" + "/".join(parts))
+
+    async def _model_route(
+        self, method: str, parts: list[str], scope: Scope, receive: Receive
+    ) -> Reply:
+        name, version, action = _split_model_path(parts)
+        if action is None:
+            return _not_found(method, "/v2/models/" + "/".join(parts))
+        if action == "infer":
+            if method != "POST":
+                return _method_not_allowed(method, "infer (use POST)")
+            return await self._infer(name, version, scope, receive)
+        if method != "GET":
+            return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())
+        if action == "ready":
+            ready = self.dataplane.model_ready(name, version)
+            return _json({"name": name, "ready": ready}, 200 if ready else 503)
+        if action == "config":
+            return _json(self.dataplane.model_config(name, version))
+        if action == "stats":
+            return _json(self.dataplane.statistics(name, version))
+        return _json(self.dataplane.model_metadata(name, version))
+
+    async def _infer(self, name: str, version: str | None, scope: Scope, receive: Receive) -> Reply:
+        received_ns = time.perf_counter_ns()
+        header_length, encoding = _infer_headers(scope["headers"])
+        body = _decompress(await _read_body(receive), encoding)
+        request = decode_request(body, header_length)
+        response = await self.dataplane.infer(name, version, request, received_ns)
+        payload, json_length = encode_response(response, request)
+        if json_length is None:
+            return 200, payload, list(JSON_HEADERS)
+        return 200, payload, [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", str(json_length).encode()),
+        ]
+
+
+def _split_model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
+    """[name, (versions, v,) action?] -> (name, version, action or None if unroutable)."""
+    name, rest = parts[0], parts[1:]
+    version = None
+    if len(rest) >= 2 and rest[0] == "versions":
+        version, rest = rest[1], rest[2:]
+    if len(rest) > 1:
+        return name, version, None
+    action = rest[0] if rest else ""
+    return name, version, action if action in _MODEL_ACTIONS else None
+
+
+def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bytes]:
+    header_length: int | None = None
+    encoding = b""
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            try:
+                header_length = int(value)
+            except ValueError:
+                raise InvalidInput(
+                    f"Inference-Header-Content-Length must be an integer, got {value.decode()!r}"
+                ) from None
+        elif key == b"content-encoding":
+            encoding = value.strip().lower()
+    return header_length, encoding
+
+
+async def _read_body(receive: Receive) -> bytes:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _decompress(body: bytes, encoding: bytes) -> bytes:
+    if encoding in (b"", b"identity"):
+        return body
+    try:
+        if encoding == b"gzip":
+            return gzip.decompress(body)
+        if encoding == b"deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise InvalidInput(f"request body is not valid {encoding.decode()} data: {exc}") from None
+    raise InvalidInput(
+        f"Content-Encoding '{encoding.decode()}' is not supported; use gzip, deflate or identity"
+    )
+
+
+def _json(doc: Any, status: int = 200) -> Reply:
+    return status, orjson.dumps(doc), list(JSON_HEADERS)
+
+
+def _status_only(status: int) -> Reply:
+    return status, b"", [(b"content-type", b"text/plain")]
+
+
+def _not_found(method: str, path: str) -> Reply:
+    return 404, error_body(f"no route for {method} {path}"), list(JSON_HEADERS)
+
+
+def _method_not_allowed(method: str, what: str) -> Reply:
+    return 405, error_body(f"method {method} not allowed for {what}"), list(JSON_HEADERS)

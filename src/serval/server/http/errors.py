@@ -1,0 +1,58 @@
+"""The one table from Serval errors to HTTP statuses, and the error bodies sent."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import orjson
+
+from serval.errors import ErrorCode, Overloaded, ServalError
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[bytes, bytes]]
+JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_INPUT: 400,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.MODEL_NOT_READY: 503,
+    ErrorCode.OVERLOADED: 429,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.BACKEND_ERROR: 500,
+    ErrorCode.UNAVAILABLE: 503,
+}
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Headers]:
+    """Status, body and headers for a domain error; engine failures are logged, not echoed."""
+    status = HTTP_STATUS[exc.code]
+    headers = list(JSON_HEADERS)
+    message = exc.message
+    if exc.code is ErrorCode.BACKEND_ERROR:
+        message = _log_internal(exc, route, "the model failed to run the request", exc.message)
+    if isinstance(exc, Overloaded):
+        headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
+    return status, error_body(message), headers
+
+
+def unexpected_error_response(exc: BaseException, route: str) -> tuple[int, bytes, Headers]:
+    """A bug or unforeseen failure: 500 with a request id, traceback in the log."""
+    message = _log_internal(exc, route, "internal server error", repr(exc))
+    return 500, error_body(message), list(JSON_HEADERS)
+
+
+def _log_internal(exc: BaseException, route: str, summary: str, detail: str) -> str:
+    request_id = uuid.uuid4().hex[:16]
+    cause = exc.__cause__ or exc
+    log.error(
+        detail,
+        extra={"request_id": request_id, "route": route},
+        exc_info=(type(cause), cause, cause.__traceback__),
+    )
+    return f"{summary} (request id {request_id}; details are in the server log)"

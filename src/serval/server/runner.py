@@ -1,0 +1,133 @@
+"""Starts Serval: load the repository, serve HTTP, drain on SIGTERM; optional worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+
+import uvicorn
+
+from serval.backends.base import Backend
+from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.config import ServerConfig
+from serval.dataplane import DataPlane
+from serval.observability.logging import configure_logging
+from serval.observability.metrics import ModelMetricsCollector, build_registry
+from serval.repository.registry import ModelRegistry, ModelState
+from serval.server.http.app import HttpApp
+
+log = logging.getLogger(__name__)
+
+GRACEFUL_SHUTDOWN_S = 30
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def serve(config: ServerConfig) -> None:
+    """Run the server in this process, or in `workers` processes sharing the port."""
+    if config.workers == 1:
+        run_worker(config, reuse_port=False)
+        return
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=run_worker, args=(config, True), name=f"serval-worker-{i}")
+        for i in range(config.workers)
+    ]
+    for worker in workers:
+        worker.start()
+    _forward_stop_signals(workers)
+    for worker in workers:
+        worker.join()
+
+
+def run_worker(config: ServerConfig, reuse_port: bool) -> None:
+    """One serving process: its own event loop, registry, batchers and engines."""
+    configure_logging(config.log_level)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        log.info("uvloop not installed; using the default asyncio loop")
+    asyncio.run(_serve_async(config, reuse_port))
+
+
+async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
+    cores = max(1, available_cores() // config.workers)
+    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(cores)}
+    registry = ModelRegistry(config.repository, backends)
+    await registry.load_all()
+    dataplane = DataPlane(registry)
+    metrics = build_registry(ModelMetricsCollector(lambda: _model_gauges(registry)))
+    app = HttpApp(dataplane, metrics)
+    sock = bind_socket(config.host, config.http_port, reuse_port)
+    server = uvicorn.Server(_uvicorn_config(app, config))
+    gc.collect()
+    gc.freeze()  # loaded models and module state never need scanning again
+    dataplane.set_ready(True)
+    log.info("serving", extra={"host": config.host, "http_port": sock.getsockname()[1],
+                                "models": len(registry.all_models()), "pid": os.getpid()})
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        dataplane.set_ready(False)
+        await registry.drain()
+        await registry.close()
+
+
+def _model_gauges(registry: ModelRegistry) -> list[tuple[object, int, bool]]:
+    return [
+        (s.stats, s.model.memory_bytes() if s.model else 0, s.state is ModelState.READY)
+        for s in registry.all_models()
+    ]
+
+
+def _uvicorn_config(app: HttpApp, config: ServerConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        http="httptools",
+        loop="none",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        log_level=config.log_level,
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        backlog=4096,
+        server_header=False,
+        date_header=False,
+    )
+
+
+def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket; SO_REUSEPORT lets worker processes share the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def _forward_stop_signals(workers: list[multiprocessing.process.BaseProcess]) -> None:
+    def forward(signum: int, _frame: object) -> None:
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)

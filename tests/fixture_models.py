@@ -1,0 +1,99 @@
+"""Tiny real ONNX models for tests, built with onnx.helper in milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def _save(graph: onnx.GraphProto, repository: Path, name: str, config: str, version: str = "1"
+          ) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    version_dir = repository / name / version
+    version_dir.mkdir(parents=True, exist_ok=True)
+    path = version_dir / "model.onnx"
+    onnx.save(model, str(path))
+    (repository / name / "config.yaml").write_text(config)
+    return path
+
+
+def add_sub(repository: Path, name: str = "add_sub", config: str = "max_batch_size: 64\n") -> Path:
+    """Triton's 'simple' model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, FP32 [B,16]."""
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 16])
+          for n in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        name, io[:2], io[2:],
+    )
+    return _save(graph, repository, name, config)
+
+
+def linear(repository: Path, name: str = "linear", config: str = "max_batch_size: 32\n",
+           seed: int = 0, features: int = 8, classes: int = 4) -> Path:
+    """FP32 [B,features] -> softmax(x @ W + b) [B,classes], weights from a fixed seed."""
+    rng = np.random.default_rng(seed)
+    weight = numpy_helper.from_array(rng.standard_normal((features, classes)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+         helper.make_node("Add", ["xw", "b"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1)],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", classes])],
+        initializer=[weight, bias],
+    )
+    return _save(graph, repository, name, config)
+
+
+def typed_identity(repository: Path, name: str, elem_type: int, width: int = 3,
+                   config: str = "max_batch_size: 16\n") -> Path:
+    """One input IN of the given ONNX type [B,width] -> OUT = Identity(IN)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["IN"], ["OUT"])], name,
+        [helper.make_tensor_value_info("IN", elem_type, ["batch", width])],
+        [helper.make_tensor_value_info("OUT", elem_type, ["batch", width])],
+    )
+    return _save(graph, repository, name, config)
+
+
+def fixed_shape(repository: Path, name: str = "fixed") -> Path:
+    """No batch axis: FP32 [2,3] -> Y = X * 2 (max_batch_size 0)."""
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["X", "two"], ["Y"])], name,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+        initializer=[two],
+    )
+    return _save(graph, repository, name, "max_batch_size: 0\n")
+
+
+def first_row_only(repository: Path, name: str = "first_row") -> Path:
+    """A broken batch model: always returns 1 row whatever the batch (Slice [0:1])."""
+    consts = [numpy_helper.from_array(np.array([v], dtype=np.int64), n)
+              for n, v in (("starts", 0), ("ends", 1), ("axes", 0))]
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["X", "starts", "ends", "axes"], ["Y"])], name,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["rows", 4])],
+        initializer=consts,
+    )
+    return _save(graph, repository, name, "max_batch_size: 8\n")
+
+
+def corrupt(repository: Path, name: str = "corrupt") -> Path:
+    """A model folder whose model.onnx is garbage bytes."""
+    version_dir = repository / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    path = version_dir / "model.onnx"
+    path.write_bytes(b"\x08\x07this is not an onnx model" * 10)
+    return path
