@@ -97,3 +97,23 @@ def corrupt(repository: Path, name: str = "corrupt") -> Path:
     path = version_dir / "model.onnx"
     path.write_bytes(b"\x08\x07this is not an onnx model" * 10)
     return path
+
+
+def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 384) -> Path:
+    """FP32 [B,width] through `layers` dense+tanh layers: slow enough (~ms) to make batches form."""
+    rng = np.random.default_rng(1)
+    nodes, initializers, current = [], [], "x"
+    for index in range(layers):
+        weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(weight, f"W{index}"))
+        nodes.append(helper.make_node("MatMul", [current, f"W{index}"], [f"h{index}"]))
+        nodes.append(helper.make_node("Tanh", [f"h{index}"], [f"a{index}"]))
+        current = f"a{index}"
+    nodes.append(helper.make_node("Identity", [current], ["y"]))
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        initializer=initializers,
+    )
+    return _save(graph, repository, name, "max_batch_size: 128\n")

@@ -1,0 +1,94 @@
+"""Shared fixtures: a real `serval serve` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    """A serval process started for a test; url is host:port for tritonclient."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(repository: Path, log_path: Path, *extra: str,
+                 timeout_s: float = 60.0) -> RunningServer:
+    """Start `python -m serval serve` and wait until /v2/health/ready answers 200."""
+    port = free_port()
+    command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
+               "--http-port", str(port), *extra]
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = RunningServer(process, port, log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"serval exited with {process.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"{server.base}/v2/health/ready", timeout=1) as reply:
+                if reply.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"serval did not become ready in {timeout_s} s:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Start servers on demand; every one is stopped at the end of the session."""
+    started: list[RunningServer] = []
+
+    def factory(repository: Path, *extra: str) -> RunningServer:
+        log_path = tmp_path_factory.mktemp("serval-log") / "server.log"
+        server = start_server(repository, log_path, *extra)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()
