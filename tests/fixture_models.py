@@ -25,7 +25,7 @@ def _save(graph: onnx.GraphProto, repository: Path, name: str, config: str, vers
 
 
 def add_sub(repository: Path, name: str = "add_sub", config: str = "max_batch_size: 64\n") -> Path:
-    """Triton's 'simple' model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, FP32 [B,16]."""
+    """Triton's 'simple' model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 [B,16]."""
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 16])
           for n in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
     graph = helper.make_graph(
@@ -40,7 +40,8 @@ def linear(repository: Path, name: str = "linear", config: str = "max_batch_size
            seed: int = 0, features: int = 8, classes: int = 4) -> Path:
     """FP32 [B,features] -> softmax(x @ W + b) [B,classes], weights from a fixed seed."""
     rng = np.random.default_rng(seed)
-    weight = numpy_helper.from_array(rng.standard_normal((features, classes)).astype(np.float32), "W")
+    weights = rng.standard_normal((features, classes)).astype(np.float32)
+    weight = numpy_helper.from_array(weights, "W")
     bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "b")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W"], ["xw"]),

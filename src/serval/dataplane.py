@@ -157,9 +157,8 @@ def _check_requested_outputs(request: InferRequest, metadata: ModelMetadata, mod
     known = {spec.name for spec in metadata.outputs}
     for output in request.outputs:
         if output.name not in known:
-            raise InvalidInput(
-                f"model '{model}' has no output '{output.name}'; outputs: {', '.join(sorted(known))}"
-            )
+            outputs = ", ".join(sorted(known))
+            raise InvalidInput(f"model '{model}' has no output '{output.name}'; outputs: {outputs}")
 
 
 def _select_outputs(outputs: TensorDict, request: InferRequest) -> TensorDict:

@@ -141,7 +141,8 @@ def _tensor_spec(arg: Any) -> TensorSpec:
 
 def _engine_array(name: str, array: np.ndarray, string_inputs: set[str]) -> np.ndarray:
     if name in string_inputs:
-        return np.vectorize(_to_str, otypes=[object])(array)
+        as_str: np.ndarray = np.vectorize(_to_str, otypes=[object])(array)
+        return as_str
     return array
 
 

@@ -26,7 +26,7 @@ def serve_command(
     try:
         config = ServerConfig(
             repository=repository, host=host, http_port=http_port, workers=workers,
-            log_level=log_level,  # type: ignore[arg-type]
+            log_level=log_level,
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None

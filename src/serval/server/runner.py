@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+from collections.abc import Sequence
 
 import uvicorn
 
@@ -18,6 +19,7 @@ from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
 from serval.observability.metrics import ModelMetricsCollector, build_registry
+from serval.observability.stats import ModelStats
 from serval.repository.registry import ModelRegistry, ModelState
 from serval.server.http.app import HttpApp
 
@@ -64,6 +66,7 @@ def run_worker(config: ServerConfig, reuse_port: bool) -> None:
 
 
 async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
+    sock = bind_socket(config.host, config.http_port, reuse_port)
     cores = max(1, available_cores() // config.workers)
     backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(cores)}
     registry = ModelRegistry(config.repository, backends)
@@ -71,7 +74,6 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     dataplane = DataPlane(registry)
     metrics = build_registry(ModelMetricsCollector(lambda: _model_gauges(registry)))
     app = HttpApp(dataplane, metrics)
-    sock = bind_socket(config.host, config.http_port, reuse_port)
     server = uvicorn.Server(_uvicorn_config(app, config))
     gc.collect()
     gc.freeze()  # loaded models and module state never need scanning again
@@ -86,7 +88,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         await registry.close()
 
 
-def _model_gauges(registry: ModelRegistry) -> list[tuple[object, int, bool]]:
+def _model_gauges(registry: ModelRegistry) -> list[tuple[ModelStats, int, bool]]:
     return [
         (s.stats, s.model.memory_bytes() if s.model else 0, s.state is ModelState.READY)
         for s in registry.all_models()
@@ -105,6 +107,7 @@ def _uvicorn_config(app: HttpApp, config: ServerConfig) -> uvicorn.Config:
         timeout_keep_alive=75,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         backlog=4096,
+        proxy_headers=False,
         server_header=False,
         date_header=False,
     )
@@ -123,7 +126,7 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-def _forward_stop_signals(workers: list[multiprocessing.process.BaseProcess]) -> None:
+def _forward_stop_signals(workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
     def forward(signum: int, _frame: object) -> None:
         for worker in workers:
             if worker.pid is not None and worker.is_alive():

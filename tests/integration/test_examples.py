@@ -1,0 +1,69 @@
+"""The example repository (make models) served for real: answers equal ONNX Runtime's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+
+from tests.conftest import EXAMPLES, RunningServer
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (EXAMPLES / "minilm" / "1").is_dir(),
+                       reason="example models not built (run `make models`)"),
+]
+
+
+def _inputs(model: str, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    if model == "mlp":
+        return {"input": rng.standard_normal((rows, 256)).astype(np.float32)}
+    ids = rng.integers(0, 30000 if model == "minilm" else 100000, size=(rows, 32))
+    if model == "lstm":
+        return {"input_ids": ids.astype(np.int64)}
+    mask = np.ones((rows, 32), dtype=np.int64)
+    mask[:, 20:] = 0
+    return {"input_ids": ids.astype(np.int64), "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def examples_server(server_factory: Callable[..., RunningServer]) -> RunningServer:
+    return server_factory(EXAMPLES)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm", "minilm"])
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_example_model_matches_onnxruntime(examples_server: RunningServer, model: str,
+                                           binary: bool) -> None:
+    client = triton.InferenceServerClient(examples_server.url)
+    metadata = client.get_model_metadata(model)
+    feed = _inputs(model, 3, np.random.default_rng(5))
+    infer_inputs = []
+    for spec in metadata["inputs"]:
+        array = feed[spec["name"]]
+        infer_input = triton.InferInput(spec["name"], list(array.shape), spec["datatype"])
+        infer_input.set_data_from_numpy(array, binary_data=binary)
+        infer_inputs.append(infer_input)
+    output_name = metadata["outputs"][0]["name"]
+    result = client.infer(model, infer_inputs,
+                          outputs=[triton.InferRequestedOutput(output_name, binary_data=binary)])
+    session = ort.InferenceSession(str(EXAMPLES / model / "1" / "model.onnx"))
+    expected = session.run([output_name], feed)[0]
+    np.testing.assert_allclose(result.as_numpy(output_name), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_minilm_embeddings_are_unit_vectors(examples_server: RunningServer) -> None:
+    client = triton.InferenceServerClient(examples_server.url)
+    feed = _inputs("minilm", 4, np.random.default_rng(9))
+    infer_inputs = []
+    for name, array in feed.items():
+        infer_input = triton.InferInput(name, list(array.shape), "INT64")
+        infer_input.set_data_from_numpy(array)
+        infer_inputs.append(infer_input)
+    embedding = client.infer("minilm", infer_inputs).as_numpy("embedding")
+    assert embedding.shape == (4, 384)
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-5)
