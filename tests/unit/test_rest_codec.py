@@ -408,16 +408,12 @@ def test_header_length_that_cuts_the_json_is_invalid_input() -> None:
         decode_request(body, len(body) - 1)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: only the first element is type-checked; a later "
-                   "string element of FP32 data is silently parsed as a number")
 def test_string_after_the_first_element_of_fp32_data_is_invalid_input() -> None:
     body = request_body({"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0, "2.0"]})
     with pytest.raises(InvalidInput, match="FP32"):
         decode_request(body)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fractional JSON numbers for integer datatypes are "
-                   "silently truncated (1.5 -> 1) instead of rejected")
 def test_fractional_number_for_int32_is_invalid_input() -> None:
     body = request_body({"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]})
     with pytest.raises(InvalidInput, match="INT32"):

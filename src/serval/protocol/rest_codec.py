@@ -204,15 +204,49 @@ def _json_input(
     return array.reshape(shape)
 
 
+# JSON value kinds (as numpy infers them) each target kind accepts.
+_ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+_EXPECTED_WORDS = {"f": "numbers", "i": "numbers (integers)", "u": "numbers (integers)",
+                   "b": "true/false values"}
+
+
 def _numbers_from_json(data: list[Any], name: str, datatype: str, dtype: np.dtype) -> np.ndarray:
-    first = _first_scalar(data)
-    if isinstance(first, str) or (datatype != "BOOL" and isinstance(first, bool)):
-        raise InvalidInput(f"input '{name}': {datatype} data must be numbers, got {first!r}")
     try:
-        array = np.asarray(data, dtype=dtype)
+        parsed = np.asarray(data)
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': data is not valid {datatype}: {exc}") from None
-    return array
+    if datatype == "UINT64" and parsed.dtype.kind in "fO":
+        return _uint64_from_json(data, name)  # numpy reads ints above 2**63 as float64
+    if parsed.size and parsed.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise InvalidInput(
+            f"input '{name}': {datatype} data must be {_EXPECTED_WORDS[dtype.kind]}, "
+            f"got {_first_scalar(data)!r}" + _first_offender(parsed, dtype.kind)
+        )
+    if dtype.kind in "iu" and parsed.size:
+        limits = np.iinfo(dtype)
+        if parsed.min() < limits.min or parsed.max() > limits.max:
+            raise InvalidInput(
+                f"input '{name}': data is not valid {datatype}: values must lie in "
+                f"[{limits.min}, {limits.max}]"
+            )
+    return parsed.astype(dtype, copy=False)
+
+
+def _uint64_from_json(data: list[Any], name: str) -> np.ndarray:
+    for value in _flatten(data):
+        if type(value) is not int or not 0 <= value < 2**64:
+            raise InvalidInput(
+                f"input '{name}': UINT64 data must be integers in [0, 2**64), got {value!r}"
+            )
+    return np.array(data, dtype=np.uint64)
+
+
+def _first_offender(parsed: np.ndarray, target_kind: str) -> str:
+    accepted = _ACCEPTED_KINDS[target_kind]
+    for value in parsed.ravel().tolist():
+        if np.asarray(value).dtype.kind not in accepted:
+            return f" (first bad value {value!r})"
+    return ""
 
 
 def _bytes_from_json(data: list[Any], name: str) -> np.ndarray:

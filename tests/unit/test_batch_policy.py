@@ -1,0 +1,215 @@
+"""Batch formation (pure functions of queue and clock) and the merge/split of batch tensors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from serval.batching.policy import (
+    PendingRequest,
+    dispatch_delay_ns,
+    is_live,
+    merged_rows,
+    signature_of,
+    take_batch,
+)
+from serval.batching.tensors import concat_inputs, split_outputs
+from serval.errors import BackendError
+
+pytestmark = pytest.mark.unit
+
+Make = Callable[..., PendingRequest]
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def make(loop: asyncio.AbstractEventLoop) -> Make:
+    """A queued request of `rows` rows; kind 'a' and 'b' have different signatures."""
+
+    def make(rows: int = 1, kind: str = "a", enqueued_ns: int = 0,
+             deadline_ns: int | None = None) -> PendingRequest:
+        width = {"a": 3, "b": 5}[kind]
+        inputs = {"x": np.zeros((rows, width), dtype=np.float32)}
+        return PendingRequest(inputs, rows, signature_of(inputs), loop.create_future(),
+                              enqueued_ns, deadline_ns)
+
+    return make
+
+
+# --- signature_of ------------------------------------------------------------------------------
+
+
+def test_signature_is_sorted_names_dtypes_and_non_batch_dims() -> None:
+    inputs = {"b": np.zeros((4,), np.int64), "a": np.zeros((4, 2, 3), np.float32)}
+    assert signature_of(inputs) == (("a", "<f4", (2, 3)), ("b", "<i8", ()))
+
+
+def test_signature_ignores_the_batch_dimension() -> None:
+    assert signature_of({"x": np.zeros((1, 3))}) == signature_of({"x": np.zeros((9, 3))})
+
+
+@pytest.mark.parametrize("other", [
+    {"x": np.zeros((2, 4), np.float32)},
+    {"x": np.zeros((2, 3), np.float64)},
+    {"y": np.zeros((2, 3), np.float32)},
+    {"x": np.zeros((2, 3), np.float32), "y": np.zeros((2, 3), np.float32)},
+], ids=["dims", "dtype", "name", "extra-input"])
+def test_signature_differs_when_requests_cannot_share_a_batch(other: dict[str, np.ndarray]
+                                                              ) -> None:
+    assert signature_of({"x": np.zeros((2, 3), np.float32)}) != signature_of(other)
+
+
+# --- take_batch --------------------------------------------------------------------------------
+
+
+def test_take_batch_respects_max_rows_and_leaves_the_rest_in_order(make: Make) -> None:
+    requests = [make() for _ in range(5)]
+    queue = deque(requests)
+    assert take_batch(queue, 3) == requests[:3]
+    assert list(queue) == requests[3:]
+
+
+def test_take_batch_skips_other_signatures_keeping_their_order(make: Make) -> None:
+    a1, b1, a2, b2, a3 = (make(kind=k) for k in "ababa")
+    queue = deque([a1, b1, a2, b2, a3])
+    assert take_batch(queue, 10) == [a1, a2, a3]
+    assert list(queue) == [b1, b2]
+
+
+def test_take_batch_stops_before_overflowing_and_keeps_fifo_order(make: Make) -> None:
+    first, too_big, would_fit = make(2), make(2), make(1)
+    queue = deque([first, too_big, would_fit])
+    assert take_batch(queue, 3) == [first]
+    # The 1-row request would fit, but taking it would overtake the 2-row one.
+    assert list(queue) == [too_big, would_fit]
+
+
+def test_take_batch_puts_skipped_requests_back_before_the_rest(make: Make) -> None:
+    head, other, too_big, tail = make(2), make(kind="b"), make(2), make(1)
+    queue = deque([head, other, too_big, tail])
+    assert take_batch(queue, 3) == [head]
+    assert list(queue) == [other, too_big, tail]
+
+
+def test_take_batch_fills_exactly_to_max_rows(make: Make) -> None:
+    requests = [make(2), make(1), make(3), make(1)]
+    queue = deque(requests)
+    batch = take_batch(queue, 6)
+    assert batch == requests[:3] and merged_rows(batch) == 6
+    assert list(queue) == requests[3:]
+
+
+@pytest.mark.parametrize("head_rows", [4, 7])
+def test_take_batch_always_returns_the_head(make: Make, head_rows: int) -> None:
+    head, rest = make(head_rows), make(1)
+    queue = deque([head, rest])
+    assert take_batch(queue, 4) == [head]
+    assert list(queue) == [rest]
+
+
+def test_take_batch_of_a_single_request(make: Make) -> None:
+    only = make(kind="b")
+    queue = deque([only])
+    assert take_batch(queue, 8) == [only]
+    assert not queue
+
+
+# --- dispatch_delay_ns -------------------------------------------------------------------------
+
+
+def test_no_configured_delay_dispatches_at_once(make: Make) -> None:
+    queue = deque([make(enqueued_ns=1_000)])
+    assert dispatch_delay_ns(queue, 1, 8, 0, now_ns=1_000) == 0
+
+
+@pytest.mark.parametrize(("now_ns", "expected"), [
+    (100, 1_000), (400, 700), (1_099, 1), (1_100, 0), (50_000, 0),
+])
+def test_delay_is_what_remains_of_the_heads_wait(make: Make, now_ns: int, expected: int) -> None:
+    queue = deque([make(enqueued_ns=100), make(enqueued_ns=900)])
+    assert dispatch_delay_ns(queue, 2, 8, 1_000, now_ns) == expected
+
+
+@pytest.mark.parametrize("queued_rows", [8, 9])
+def test_a_full_batch_dispatches_at_once(make: Make, queued_rows: int) -> None:
+    queue = deque([make(8, enqueued_ns=100)])
+    assert dispatch_delay_ns(queue, queued_rows, 8, 1_000, now_ns=100) == 0
+
+
+# --- is_live -----------------------------------------------------------------------------------
+
+
+def test_pending_request_without_deadline_is_live(make: Make) -> None:
+    assert is_live(make(), now_ns=10**18)
+
+
+@pytest.mark.parametrize("finish", [
+    lambda f: f.cancel(),
+    lambda f: f.set_result({}),
+    lambda f: f.set_exception(RuntimeError("gone")),
+], ids=["cancelled", "result", "exception"])
+def test_done_future_is_not_live(make: Make, finish: Callable[[asyncio.Future[object]], object]
+                                 ) -> None:
+    request = make()
+    finish(request.future)
+    assert not is_live(request, now_ns=0)
+
+
+@pytest.mark.parametrize(("now_ns", "live"), [(999, True), (1_000, False), (5_000, False)])
+def test_request_is_dead_from_its_deadline_on(make: Make, now_ns: int, live: bool) -> None:
+    assert is_live(make(deadline_ns=1_000), now_ns) is live
+
+
+# --- concat_inputs / split_outputs -------------------------------------------------------------
+
+
+def test_concat_of_a_single_request_is_its_own_inputs() -> None:
+    inputs = {"x": np.ones((2, 3), np.float32)}
+    assert concat_inputs([inputs]) is inputs
+
+
+def test_concat_stacks_every_input_along_the_batch_axis() -> None:
+    parts = [
+        {"x": np.full((1, 2), 1.0), "y": np.array([[1]])},
+        {"x": np.full((3, 2), 2.0), "y": np.array([[2], [3], [4]])},
+    ]
+    merged = concat_inputs(parts)
+    np.testing.assert_array_equal(merged["x"], [[1, 1], [2, 2], [2, 2], [2, 2]])
+    np.testing.assert_array_equal(merged["y"], [[1], [2], [3], [4]])
+
+
+def test_split_gives_each_request_its_own_rows_of_every_output() -> None:
+    outputs = {"a": np.arange(6).reshape(6, 1), "b": np.arange(6) * 10}
+    pieces = split_outputs(outputs, [1, 3, 2], "m")
+    assert [p["a"].ravel().tolist() for p in pieces] == [[0], [1, 2, 3], [4, 5]]
+    assert [p["b"].tolist() for p in pieces] == [[0], [10, 20, 30], [40, 50]]
+
+
+def test_split_for_a_single_request_returns_the_outputs() -> None:
+    outputs = {"a": np.zeros((3, 2))}
+    assert split_outputs(outputs, [3], "m") == [outputs]
+
+
+@pytest.mark.parametrize(("outputs", "fragment"), [
+    ({"ok": np.zeros((4, 2)), "bad": np.zeros((1, 2))},
+     "model 'broken' returned 1 rows in output 'bad' for a batch of 4"),
+    ({"bad": np.zeros((5,))}, "returned 5 rows in output 'bad' for a batch of 4"),
+    ({"bad": np.float32(1.0) * np.ones(())}, "returned -1 rows in output 'bad'"),
+])
+def test_split_rejects_an_engine_row_count_that_does_not_match(
+    outputs: dict[str, np.ndarray], fragment: str
+) -> None:
+    with pytest.raises(BackendError) as caught:
+        split_outputs(outputs, [1, 3], "broken")
+    assert fragment in caught.value.message
+    assert "model 'broken'" in caught.value.message

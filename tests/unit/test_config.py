@@ -1,0 +1,106 @@
+"""Per-model config.yaml: defaults, validation, and errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serval.config import ModelConfig, load_model_config
+from serval.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "model" / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_valid_config_is_read_in_full(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+backend: onnxruntime
+max_batch_size: 16
+instances: 2
+device: "cuda:1"
+batching:
+  max_queue_delay_ms: 2.5
+  preferred_batch_sizes: [8, 4, 8]
+onnxruntime:
+  intra_op_threads: 3
+  graph_optimization_level: basic
+  allow_spinning: true
+""")
+    config = load_model_config(path)
+    assert config.max_batch_size == 16
+    assert config.instances == 2
+    assert config.device == "cuda:1"
+    assert config.batching.max_queue_delay_ms == 2.5
+    assert config.batching.preferred_batch_sizes == [4, 8]
+    assert config.onnxruntime.intra_op_threads == 3
+    assert config.onnxruntime.inter_op_threads is None
+    assert config.onnxruntime.graph_optimization_level == "basic"
+    assert config.onnxruntime.allow_spinning is True
+
+
+def test_missing_file_means_all_defaults(tmp_path: Path) -> None:
+    config = load_model_config(tmp_path / "absent" / "config.yaml")
+    assert config == ModelConfig()
+    assert config.max_batch_size is None
+    assert config.instances == 1
+    assert config.device == "cpu"
+    assert config.batching.max_queue_delay_ms == 0.0
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "~\n"])
+def test_empty_file_means_all_defaults(tmp_path: Path, text: str) -> None:
+    assert load_model_config(write(tmp_path, text)) == ModelConfig()
+
+
+def test_max_batch_size_zero_disables_batching(tmp_path: Path) -> None:
+    assert load_model_config(write(tmp_path, "max_batch_size: 0\n")).max_batch_size == 0
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("max_batch_size: [1,\n", "not valid YAML"),
+    ("a: b: c\n", "not valid YAML"),
+    ("- 1\n- 2\n", "must be a YAML mapping"),
+    ("42\n", "must be a YAML mapping"),
+])
+def test_unreadable_yaml_names_the_file(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(path)
+    assert str(path) in str(caught.value)
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("max_batchsize: 4\n", "max_batchsize"),
+    ("batching:\n  max_delay: 1\n", "batching.max_delay"),
+    ("max_batch_size: lots\n", "max_batch_size"),
+    ("instances: [1]\n", "instances"),
+    ("batching: 5\n", "batching"),
+    ("batching:\n  max_queue_delay_ms: soon\n", "batching.max_queue_delay_ms"),
+    ("onnxruntime:\n  allow_spinning: maybe\n", "onnxruntime.allow_spinning"),
+    ("instances: 0\n", "instances"),
+    ("instances: 65\n", "instances"),
+    ("max_batch_size: -1\n", "max_batch_size"),
+    ("batching:\n  max_queue_delay_ms: -0.5\n", "batching.max_queue_delay_ms"),
+    ("batching:\n  preferred_batch_sizes: [4, 0]\n", "batching.preferred_batch_sizes"),
+    ("onnxruntime:\n  intra_op_threads: 0\n", "onnxruntime.intra_op_threads"),
+    ("onnxruntime:\n  graph_optimization_level: max\n", "onnxruntime.graph_optimization_level"),
+    ("device: tpu\n", "device"),
+    ("device: 'cuda:x'\n", "device"),
+    ("backend: tensorrt\n", "backend"),
+])
+def test_invalid_setting_names_the_file_and_the_field(tmp_path: Path, text: str, field: str
+                                                      ) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_model_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ")
+    assert f"field '{field}'" in message
