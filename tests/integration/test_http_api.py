@@ -188,3 +188,12 @@ def test_engine_failure_is_a_generic_500_with_request_id(server: RunningServer) 
     assert request_id in server.log() and "returned 1 rows" in server.log()
     ok = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}]}
     assert infer(server.url, "first_row", ok).status == 200
+
+
+def test_model_without_batch_axis_serves_its_fixed_shape(server: RunningServer) -> None:
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 3],
+                       "data": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]}]}
+    reply = infer(server.url, "fixed", doc)
+    assert reply.status == 200, reply.body
+    (output,) = reply.json()["outputs"]
+    assert output["shape"] == [2, 3] and output["data"] == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]

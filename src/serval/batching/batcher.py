@@ -152,7 +152,10 @@ class Batcher:
             merged_ns = self._clock()
             outputs = await loop.run_in_executor(self._executor, self._model.infer, inputs)
             computed_ns = self._clock()
-            pieces = split_outputs(outputs, [r.rows for r in batch], self._stats.name)
+            pieces = self._split(outputs, batch)
+        except asyncio.CancelledError:
+            _fail_all(batch, ServerUnavailable("the model was unloaded while running"), "")
+            raise
         except Exception as exc:
             _fail_all(batch, exc, self._stats.name)
             return
@@ -164,6 +167,11 @@ class Batcher:
             sum(r.rows for r in batch), len(batch),
             merged_ns - started_ns, computed_ns - merged_ns, done_ns - computed_ns,
         )
+
+    def _split(self, outputs: TensorDict, batch: list[PendingRequest]) -> list[TensorDict]:
+        if not self._batching:  # no batch axis: the one request gets the whole output
+            return [outputs]
+        return split_outputs(outputs, [request.rows for request in batch], self._stats.name)
 
 
 def _batch_rows(inputs: TensorDict) -> int:

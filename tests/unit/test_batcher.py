@@ -1,0 +1,350 @@
+"""The per-model Batcher over real ONNX Runtime sessions of tiny fixture models."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.batching.batcher import Batcher
+from serval.config import load_model_config
+from serval.errors import BackendError, DeadlineExceeded, ServerUnavailable
+from serval.observability.stats import ModelStats
+from serval.protocol.types import TensorDict
+from tests import fixture_models
+
+pytestmark = pytest.mark.unit
+
+
+def load(repository: Path, build: Callable[..., Path], name: str) -> LoadedModel:
+    build(repository, name=name)
+    config = load_model_config(repository / name / "config.yaml")
+    spec = ModelVersionSpec(name, "1", repository / name / "1", config)
+    return OnnxRuntimeBackend(cores=1).load(spec)
+
+
+class Gated:
+    """A real model whose next run waits at a gate, so a test controls when the engine is busy.
+
+    Every batch the engine actually runs is recorded; the gate closes again after each
+    `hold()`, and stays open otherwise.
+    """
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.batches: list[TensorDict] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self.model.metadata
+
+    def hold(self) -> None:
+        self.entered.clear()
+        self.gate.clear()
+
+    def open(self) -> None:
+        self.gate.set()
+
+    async def busy(self) -> None:
+        """Wait until the engine has started the held run."""
+        assert await asyncio.to_thread(self.entered.wait, 10), "the engine never started"
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        self.batches.append({name: array.copy() for name, array in inputs.items()})
+        self.entered.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        return self.model.infer(inputs)
+
+    def memory_bytes(self) -> int:
+        return self.model.memory_bytes()
+
+    def unload(self) -> None:
+        self.model.unload()
+
+    def rows_seen(self, name: str) -> np.ndarray:
+        return np.concatenate([batch[name] for batch in self.batches])
+
+
+def features(seed: int, rows: int = 1, width: int = 8) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(tmp_path: Path) -> None:
+    model = load(tmp_path, fixture_models.linear, "linear")
+    session = ort.InferenceSession(str(tmp_path / "linear" / "1" / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    inputs = [features(seed) for seed in range(32)]
+    stats = ModelStats("linear", "1")
+
+    async def main() -> list[TensorDict]:
+        batcher = Batcher(model, stats)
+        try:
+            return await asyncio.gather(*(batcher.infer({"x": x}) for x in inputs))
+        finally:
+            await batcher.close()
+
+    results = asyncio.run(main())
+    for x, result in zip(inputs, results, strict=True):
+        (expected,) = session.run(["probabilities"], {"x": x})
+        assert result["probabilities"].shape == (1, 4)
+        np.testing.assert_allclose(result["probabilities"], expected, rtol=1e-5, atol=1e-7)
+    assert stats.inference_count == 32
+    assert stats.execution_count < 32
+    assert stats.queue.count == 32
+
+
+def test_requests_of_several_rows_and_outputs_are_split_back(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.add_sub, "add_sub"))
+    rows = [1, 3, 2, 5, 1]
+    inputs = [{"INPUT0": features(i, n, 16), "INPUT1": features(100 + i, n, 16)}
+              for i, n in enumerate(rows)]
+    stats = ModelStats("add_sub", "1")
+
+    async def main() -> list[TensorDict]:
+        batcher = Batcher(model, stats)
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer(inputs[0]))
+            await model.busy()
+            rest = [asyncio.create_task(batcher.infer(i)) for i in inputs[1:]]
+            await asyncio.sleep(0)
+            model.open()
+            return [await first, *await asyncio.gather(*rest)]
+        finally:
+            await batcher.close()
+
+    results = asyncio.run(main())
+    # The four requests queued behind the busy engine ran as one batch of 11 rows.
+    assert [len(b["INPUT0"]) for b in model.batches] == [1, 11]
+    for request, result in zip(inputs, results, strict=True):
+        np.testing.assert_allclose(result["OUTPUT0"], request["INPUT0"] + request["INPUT1"])
+        np.testing.assert_allclose(result["OUTPUT1"], request["INPUT0"] - request["INPUT1"])
+    assert stats.inference_count == sum(rows)
+    assert stats.execution_count == 2
+    assert sorted(stats.batches) == [1, 11]
+
+
+def test_past_deadline_fails_without_being_computed(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+    now = [5_000]
+
+    async def main() -> tuple[BaseException | None, TensorDict]:
+        batcher = Batcher(model, stats, clock=lambda: now[0])
+        try:
+            late = None
+            try:
+                await batcher.infer({"x": features(1)}, deadline_ns=4_999)
+            except DeadlineExceeded as exc:
+                late = exc
+            on_time = await batcher.infer({"x": features(2)}, deadline_ns=5_001)
+            return late, on_time
+        finally:
+            await batcher.close()
+
+    late, on_time = asyncio.run(main())
+    assert isinstance(late, DeadlineExceeded)
+    assert on_time["probabilities"].shape == (1, 4)
+    np.testing.assert_array_equal(model.rows_seen("x"), features(2))
+    assert stats.inference_count == 1
+
+
+def test_deadline_passing_while_queued_behind_a_busy_engine(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+    now = [1_000]
+
+    async def main() -> tuple[TensorDict, BaseException | TensorDict]:
+        batcher = Batcher(model, stats, clock=lambda: now[0])
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(1)}))
+            await model.busy()
+            queued = asyncio.create_task(batcher.infer({"x": features(2)}, deadline_ns=2_000))
+            await asyncio.sleep(0)
+            now[0] = 2_000
+            model.open()
+            return await first, *await asyncio.gather(queued, return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    first, queued = asyncio.run(main())
+    assert first["probabilities"].shape == (1, 4)
+    assert isinstance(queued, DeadlineExceeded)
+    np.testing.assert_array_equal(model.rows_seen("x"), features(1))
+    assert stats.inference_count == 1
+
+
+def test_cancelled_request_is_dropped_before_compute(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+
+    async def main() -> bool:
+        batcher = Batcher(model, stats)
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(1)}))
+            await model.busy()
+            abandoned = asyncio.create_task(batcher.infer({"x": features(2)}))
+            await asyncio.sleep(0)
+            assert batcher.queued == 1
+            abandoned.cancel()
+            model.open()
+            await first
+            await batcher.infer({"x": features(3)})
+            return abandoned.cancelled()
+        finally:
+            await batcher.close()
+
+    assert asyncio.run(main())
+    np.testing.assert_array_equal(model.rows_seen("x"), np.concatenate([features(1), features(3)]))
+    assert stats.inference_count == 2
+    assert stats.execution_count == 2
+
+
+def test_wrong_row_count_fails_the_whole_batch_and_the_batcher_goes_on(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.first_row_only, "first_row"))
+    stats = ModelStats("first_row", "1")
+    rows = [features(seed, 1, 4) for seed in range(4)]
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model, stats)
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"X": rows[0]}))
+            await model.busy()
+            batch = [asyncio.create_task(batcher.infer({"X": x})) for x in rows[1:3]]
+            await asyncio.sleep(0)
+            model.open()
+            outcomes = [await first, *await asyncio.gather(*batch, return_exceptions=True)]
+            return [*outcomes, await batcher.infer({"X": rows[3]})]
+        finally:
+            await batcher.close()
+
+    first, failed_a, failed_b, after = asyncio.run(main())
+    np.testing.assert_array_equal(first["Y"], rows[0])
+    for failure in (failed_a, failed_b):
+        assert isinstance(failure, BackendError)
+        assert "model 'first_row' returned 1 rows" in failure.message
+        assert "batch of 2" in failure.message
+    np.testing.assert_array_equal(after["Y"], rows[3])
+    assert [len(b["X"]) for b in model.batches] == [1, 2, 1]
+    assert stats.inference_count == 2 and stats.execution_count == 2
+
+
+def test_engine_exception_becomes_backend_error_and_the_batcher_goes_on(tmp_path: Path) -> None:
+    model = load(tmp_path, fixture_models.linear, "linear")
+    stats = ModelStats("linear", "1")
+
+    async def main() -> tuple[BaseException, TensorDict]:
+        batcher = Batcher(model, stats)
+        try:
+            (failure,) = await asyncio.gather(
+                batcher.infer({"not_x": features(1)}), return_exceptions=True
+            )
+            return failure, await batcher.infer({"x": features(2)})
+        finally:
+            await batcher.close()
+
+    failure, result = asyncio.run(main())
+    assert isinstance(failure, BackendError)
+    assert "model 'linear' failed to run the batch" in failure.message
+    assert failure.__cause__ is not None
+    assert result["probabilities"].shape == (1, 4)
+    assert stats.inference_count == 1
+
+
+def run_unbatched(tmp_path: Path, count: int) -> tuple[Gated, ModelStats, list[Any], list[Any]]:
+    """`count` concurrent requests to the max_batch_size 0 model, queued behind a busy engine."""
+    model = Gated(load(tmp_path, fixture_models.fixed_shape, "fixed"))
+    stats = ModelStats("fixed", "1")
+    inputs = [features(seed, 2, 3) for seed in range(count)]
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model, stats)
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"X": inputs[0]}))
+            await model.busy()
+            rest = [asyncio.create_task(batcher.infer({"X": x})) for x in inputs[1:]]
+            await asyncio.sleep(0)
+            model.open()
+            return await asyncio.gather(first, *rest, return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    return model, stats, inputs, asyncio.run(main())
+
+
+def test_unbatched_model_runs_each_request_alone(tmp_path: Path) -> None:
+    model, _, inputs, _ = run_unbatched(tmp_path, 4)
+    assert len(model.batches) == 4
+    for batch, x in zip(model.batches, inputs, strict=True):
+        np.testing.assert_array_equal(batch["X"], x)
+
+
+def test_unbatched_model_returns_each_request_its_result(tmp_path: Path) -> None:
+    _, stats, inputs, results = run_unbatched(tmp_path, 3)
+    for x, result in zip(inputs, results, strict=True):
+        assert not isinstance(result, BaseException), result
+        np.testing.assert_array_equal(result["Y"], x * 2)
+    assert stats.execution_count == 3
+
+
+def test_close_fails_queued_requests_and_refuses_new_ones(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+
+    async def main() -> tuple[list[Any], BaseException | None]:
+        batcher = Batcher(model, stats)
+        model.hold()
+        running = asyncio.create_task(batcher.infer({"x": features(1)}))
+        await model.busy()
+        queued = [asyncio.create_task(batcher.infer({"x": features(s)})) for s in (2, 3)]
+        await asyncio.sleep(0)
+        assert batcher.queued == 2
+        model.open()
+        await batcher.close()
+        outcomes = await asyncio.gather(*queued, return_exceptions=True)
+        running.cancel()
+        refused = None
+        try:
+            await batcher.infer({"x": features(4)})
+        except ServerUnavailable as exc:
+            refused = exc
+        return outcomes, refused
+
+    outcomes, refused = asyncio.run(main())
+    assert all(isinstance(o, ServerUnavailable) for o in outcomes), outcomes
+    assert isinstance(refused, ServerUnavailable)
+    np.testing.assert_array_equal(model.rows_seen("x"), features(1))
+
+
+def test_close_answers_the_request_the_engine_is_running(tmp_path: Path) -> None:
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+
+    async def main() -> bool:
+        batcher = Batcher(model, ModelStats("linear", "1"))
+        model.hold()
+        running = asyncio.create_task(batcher.infer({"x": features(1)}))
+        await model.busy()
+        model.open()
+        await batcher.close()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        answered = running.done()
+        running.cancel()
+        return answered
+
+    assert asyncio.run(main())
