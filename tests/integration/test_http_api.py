@@ -197,3 +197,21 @@ def test_model_without_batch_axis_serves_its_fixed_shape(server: RunningServer) 
     assert reply.status == 200, reply.body
     (output,) = reply.json()["outputs"]
     assert output["shape"] == [2, 3] and output["data"] == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+
+
+@pytest.mark.skipif(__import__("onnxruntime").get_device() == "GPU", reason="CPU-only check")
+def test_cuda_model_on_a_cpu_machine_fails_its_load_clearly(
+    server_factory: object, tmp_path: __import__("pathlib").Path
+) -> None:
+    from tests import fixture_models
+
+    fixture_models.linear(tmp_path, config="max_batch_size: 8\ndevice: cuda\n")
+    fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path)  # type: ignore[operator]
+    reply = call(server.url, "GET", "/v2/models/linear/ready")
+    assert reply.status == 503
+    failed = infer(server.url, "linear", {"inputs": [LINEAR_INPUT]})
+    assert failed.status == 503 and "CUDA is not available" in failed.error
+    doc = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                      for n in ("INPUT0", "INPUT1")]}
+    assert infer(server.url, "add_sub", doc).status == 200

@@ -8,6 +8,7 @@ after the warm-up only, then merged across processes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import time
 from collections import Counter
@@ -114,7 +115,7 @@ async def _client(host: str, port: int, requests: list[bytes], index: int,
         done = loop.create_future()
         try:
             transport, _ = await loop.create_connection(
-                lambda done=done: _Connection(requests, index, window, done), host, port)
+                functools.partial(_Connection, requests, index, window, done), host, port)
         except OSError:
             window.error("connection")
             await asyncio.sleep(0.05)
