@@ -11,8 +11,6 @@ import signal
 import socket
 from collections.abc import Sequence
 
-import uvicorn
-
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.config import ServerConfig
@@ -22,6 +20,7 @@ from serval.observability.metrics import ModelMetricsCollector, build_registry
 from serval.observability.stats import ModelStats
 from serval.repository.registry import ModelRegistry, ModelState
 from serval.server.http.app import HttpApp
+from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +73,24 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     dataplane = DataPlane(registry)
     metrics = build_registry(ModelMetricsCollector(lambda: _model_gauges(registry)))
     app = HttpApp(dataplane, metrics)
-    server = uvicorn.Server(_uvicorn_config(app, config))
+    tracker = ConnectionTracker()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     gc.collect()
     gc.freeze()  # loaded models and module state never need scanning again
     dataplane.set_ready(True)
     log.info("serving", extra={"host": config.host, "http_port": sock.getsockname()[1],
                                 "models": len(registry.all_models()), "pid": os.getpid()})
-    try:
-        await server.serve(sockets=[sock])
-    finally:
-        dataplane.set_ready(False)
-        await registry.drain()
-        await registry.close()
+    await stop.wait()
+    log.info("shutting down: finishing in-flight requests", extra={"pid": os.getpid()})
+    dataplane.set_ready(False)
+    server.close()
+    await tracker.shutdown(GRACEFUL_SHUTDOWN_S)
+    await registry.drain()
+    await registry.close()
 
 
 def _model_gauges(registry: ModelRegistry) -> list[tuple[ModelStats, int, bool]]:
@@ -93,24 +98,6 @@ def _model_gauges(registry: ModelRegistry) -> list[tuple[ModelStats, int, bool]]
         (s.stats, s.model.memory_bytes() if s.model else 0, s.state is ModelState.READY)
         for s in registry.all_models()
     ]
-
-
-def _uvicorn_config(app: HttpApp, config: ServerConfig) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        http="httptools",
-        loop="none",
-        lifespan="off",
-        access_log=False,
-        log_config=None,
-        log_level=config.log_level,
-        timeout_keep_alive=75,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        backlog=4096,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-    )
 
 
 def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:

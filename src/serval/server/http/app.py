@@ -1,4 +1,4 @@
-"""The v2 REST routes as a raw ASGI app: hand routing keeps per-request overhead small."""
+"""The v2 REST routes: hand routing from (method, path, headers, body) to the data plane."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import gzip
 import logging
 import time
 import zlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -25,16 +24,10 @@ from serval.server.http.errors import (
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+RawHeaders = list[tuple[bytes, bytes]]  # lower-case names, as received
 Reply = tuple[int, bytes, Headers]
 
 _MODEL_ACTIONS = ("", "ready", "config", "stats", "infer")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
 
 
 class HttpApp:
@@ -44,27 +37,20 @@ class HttpApp:
         self.dataplane = dataplane
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
+    async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes) -> Reply:
+        """One complete request in, (status, body, headers) out; never raises."""
         try:
-            status, body, headers = await self._route(method, path, scope, receive)
+            return await self._route(method, path, headers, body)
         except ServalError as exc:
-            status, body, headers = serval_error_response(exc, f"{method} {path}")
-        except ClientGone:
-            return
+            return serval_error_response(exc, f"{method} {path}")
         except Exception as exc:
-            status, body, headers = unexpected_error_response(exc, f"{method} {path}")
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            return unexpected_error_response(exc, f"{method} {path}")
 
-    async def _route(self, method: str, path: str, scope: Scope, receive: Receive) -> Reply:
+    async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes) -> Reply:
         parts = path.strip("/").split("/")
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
-                return await self._model_route(method, parts[2:], scope, receive)
+                return await self._model_route(method, parts[2:], headers, body)
             return self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
@@ -84,7 +70,7 @@ class HttpApp:
         return _not_found(method, "/v2/" + "/".join(parts))
 
     async def _model_route(
-        self, method: str, parts: list[str], scope: Scope, receive: Receive
+        self, method: str, parts: list[str], headers: RawHeaders, body: bytes
     ) -> Reply:
         name, version, action = _split_model_path(parts)
         if action is None:
@@ -92,7 +78,7 @@ class HttpApp:
         if action == "infer":
             if method != "POST":
                 return _method_not_allowed(method, "infer (use POST)")
-            return await self._infer(name, version, scope, receive)
+            return await self._infer(name, version, headers, body)
         if method != "GET":
             return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())
         if action == "ready":
@@ -104,11 +90,12 @@ class HttpApp:
             return _json(self.dataplane.statistics(name, version))
         return _json(self.dataplane.model_metadata(name, version))
 
-    async def _infer(self, name: str, version: str | None, scope: Scope, receive: Receive) -> Reply:
+    async def _infer(
+        self, name: str, version: str | None, headers: RawHeaders, body: bytes
+    ) -> Reply:
         received_ns = time.perf_counter_ns()
-        header_length, encoding = _infer_headers(scope["headers"])
-        body = _decompress(await _read_body(receive), encoding)
-        request = decode_request(body, header_length)
+        header_length, encoding = _infer_headers(headers)
+        request = decode_request(_decompress(body, encoding), header_length)
         response = await self.dataplane.infer(name, version, request, received_ns)
         payload, json_length = encode_response(response, request)
         if json_length is None:
@@ -131,7 +118,7 @@ def _split_model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
     return name, version, action if action in _MODEL_ACTIONS else None
 
 
-def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bytes]:
+def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes]:
     header_length: int | None = None
     encoding = b""
     for key, value in headers:
@@ -145,23 +132,6 @@ def _infer_headers(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, byte
         elif key == b"content-encoding":
             encoding = value.strip().lower()
     return header_length, encoding
-
-
-async def _read_body(receive: Receive) -> bytes:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise ClientGone
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        return body
-    chunks = [body]
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _decompress(body: bytes, encoding: bytes) -> bytes:

@@ -1,0 +1,180 @@
+"""A lean HTTP/1.1 server for the v2 routes: httptools parsing, one write per response.
+
+Each connection parses requests as bytes arrive and answers them in order (pipelined requests
+wait their turn). A client that disconnects cancels its request, which frees its queue slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import cast
+from urllib.parse import unquote
+
+import httptools
+
+from serval.server.http.app import HttpApp, RawHeaders, Reply
+from serval.server.http.errors import JSON_HEADERS, error_body
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+IDLE_TIMEOUT_S = 75.0
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
+
+
+@dataclass(slots=True)
+class _Request:
+    method: str
+    path: str
+    headers: RawHeaders
+    body: bytes
+    keep_alive: bool
+
+
+@dataclass
+class ConnectionTracker:
+    """The server's open connections, so shutdown can finish in-flight work and close idle ones."""
+
+    connections: set[HttpProtocol] = field(default_factory=set)
+
+    async def shutdown(self, timeout_s: float) -> None:
+        for connection in list(self.connections):
+            connection.close_when_idle()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection.abort()
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, app: HttpApp, tracker: ConnectionTracker) -> None:
+        self.app, self.tracker = app, tracker
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[_Request] = deque()
+        self.handler: asyncio.Task[None] | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.closing = False
+        self._reset_message()
+
+    def _reset_message(self) -> None:
+        self.url = b""
+        self.headers: RawHeaders = []
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+
+    # asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.tracker.connections.add(self)
+        self._arm_idle_timer()
+
+    def data_received(self, data: bytes) -> None:
+        self._cancel_idle_timer()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail_connection(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._fail_connection(400, f"malformed HTTP request: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tracker.connections.discard(self)
+        self._cancel_idle_timer()
+        self.pending.clear()
+        if self.handler is not None and not self.handler.done():
+            self.handler.cancel()  # the client is gone: drop its queued work
+
+    # httptools callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._reset_message()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name == b"expect" and value.lower() == b"100-continue" and self.transport:
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > MAX_BODY_BYTES:
+            raise httptools.HttpParserError(f"body larger than {MAX_BODY_BYTES} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+        request = _Request(
+            self.parser.get_method().decode("ascii"), path, self.headers,
+            b"".join(self.body), self.parser.should_keep_alive(),
+        )
+        self.pending.append(request)
+        if self.handler is None:
+            self.handler = asyncio.get_running_loop().create_task(self._serve_pending())
+
+    # answering -------------------------------------------------------------------------------
+
+    async def _serve_pending(self) -> None:
+        try:
+            while self.pending and self.transport is not None:
+                request = self.pending.popleft()
+                reply = await self.app.handle(request.method, request.path, request.headers,
+                                              request.body)
+                self._write(reply, request.keep_alive and not self.closing)
+                if not request.keep_alive or self.closing:
+                    self.transport.close()
+                    return
+        finally:
+            self.handler = None
+            self._arm_idle_timer()
+
+    def _write(self, reply: Reply, keep_alive: bool) -> None:
+        status, body, headers = reply
+        parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()]
+        parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+        parts.append(b"content-length: %d\r\n" % len(body))
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += [b"\r\n", body]
+        assert self.transport is not None
+        self.transport.write(b"".join(parts))
+
+    def _fail_connection(self, status: int, message: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._write((status, error_body(message), list(JSON_HEADERS)), keep_alive=False)
+            self.transport.close()
+
+    # lifecycle -------------------------------------------------------------------------------
+
+    def close_when_idle(self) -> None:
+        """Finish the request in hand (if any), then close."""
+        self.closing = True
+        if self.handler is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _arm_idle_timer(self) -> None:
+        self._cancel_idle_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            loop = asyncio.get_running_loop()
+            self.idle_timer = loop.call_later(IDLE_TIMEOUT_S, self.close_when_idle)
+
+    def _cancel_idle_timer(self) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
