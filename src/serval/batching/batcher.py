@@ -15,6 +15,7 @@ from serval.batching.policy import (
     PendingRequest,
     dispatch_delay_ns,
     is_live,
+    merged_rows,
     signature_of,
     take_batch,
 )
@@ -64,6 +65,7 @@ class Batcher:
 
     @property
     def queued(self) -> int:
+        """Requests waiting for a batch (not counting the ones the engine is running)."""
         return len(self._queue)
 
     async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
@@ -131,7 +133,7 @@ class Batcher:
 
     def _take_live_batch(self) -> list[PendingRequest]:
         batch = take_batch(self._queue, self._max_rows)
-        self._queued_rows -= sum(request.rows for request in batch)
+        self._queued_rows -= merged_rows(batch)
         now_ns = self._clock()
         live = []
         for request in batch:
@@ -164,7 +166,7 @@ class Batcher:
             if not request.future.done():
                 request.future.set_result(piece)
         self._stats.record_execution(
-            sum(r.rows for r in batch), len(batch),
+            merged_rows(batch), len(batch),
             merged_ns - started_ns, computed_ns - merged_ns, done_ns - computed_ns,
         )
 

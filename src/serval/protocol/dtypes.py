@@ -70,9 +70,3 @@ def from_onnx_type(onnx_type: str) -> str:
     except KeyError:
         raise ValueError(f"ONNX type {onnx_type} is not supported by the v2 protocol") from None
 
-
-def element_size_bytes(datatype: str) -> int:
-    """Bytes per element on the wire for fixed-size datatypes (BYTES has none)."""
-    if datatype == "BYTES":
-        raise ValueError("BYTES elements have no fixed size")
-    return _V2_TO_NUMPY[datatype].itemsize
