@@ -7,7 +7,7 @@ MODELS := examples/models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup models serve test unit bench lint clean
+.PHONY: setup models serve test unit bench lint proto clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ bench: setup models
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
+
+# Regenerate the committed gRPC modules after editing the .proto (needs the dev extras).
+PROTO := src/serval/server/grpc/proto/grpc_service.proto
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache

@@ -30,11 +30,16 @@ class RunningServer:
 
     process: subprocess.Popen[bytes]
     port: int
+    grpc_port: int
     log_path: Path
 
     @property
     def url(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def base(self) -> str:
@@ -57,13 +62,13 @@ class RunningServer:
 def start_server(repository: Path, log_path: Path, *extra: str,
                  timeout_s: float = 60.0) -> RunningServer:
     """Start `python -m serval serve` and wait until /v2/health/ready answers 200."""
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
-               "--http-port", str(port), *extra]
+               "--http-port", str(port), "--grpc-port", str(grpc_port), *extra]
     log_file = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = RunningServer(process, port, log_path)
+    server = RunningServer(process, port, grpc_port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

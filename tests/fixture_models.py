@@ -118,3 +118,23 @@ def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 3
         initializer=initializers,
     )
     return _save(graph, repository, name, "max_batch_size: 128\n")
+
+
+def slow(repository: Path, name: str = "slow", layers: int = 60, width: int = 1024) -> Path:
+    """FP32 [B,width] through `layers` MatMul+Tanh sharing one weight: ~0.1-0.5 s at batch 128
+    while the file stays ~4 MB. Used to hold the engine busy in deadline/cancel tests."""
+    rng = np.random.default_rng(4)
+    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes, current = [], "x"
+    for index in range(layers):
+        nodes.append(helper.make_node("MatMul", [current, "W"], [f"h{index}"]))
+        nodes.append(helper.make_node("Tanh", [f"h{index}"], [f"a{index}"]))
+        current = f"a{index}"
+    nodes.append(helper.make_node("Identity", [current], ["y"]))
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
+        initializer=[numpy_helper.from_array(weight, "W")],
+    )
+    return _save(graph, repository, name, "max_batch_size: 128\n")

@@ -60,6 +60,8 @@ class ServerConfig(_Strict):
     repository: Path
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(8001, ge=0, le=65535, description="0 disables gRPC")
+    grpc_max_message_mb: int = Field(256, ge=1, le=2047)
     workers: int = Field(1, ge=1, le=64)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

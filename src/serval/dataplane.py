@@ -81,16 +81,20 @@ class DataPlane:
         return {"model_stats": [served.stats.as_triton_dict() for served in models]}
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, received_ns: int
+        self, name: str, version: str | None, request: InferRequest, received_ns: int,
+        deadline_ns: int | None = None,
     ) -> InferResponse:
-        """Run one request through the model's batcher; every outcome is counted."""
+        """Run one request through the model's batcher; every outcome is counted.
+
+        deadline_ns (perf_counter clock): a request still queued then is dropped, never computed.
+        """
         async with self.registry.acquire(name, version) as served:
             stats = served.stats
             try:
                 metadata = _require_metadata(served)
                 validate_request(request, metadata, name)
                 assert served.batcher is not None
-                outputs = await served.batcher.infer(request.inputs)
+                outputs = await served.batcher.infer(request.inputs, deadline_ns)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise

@@ -65,6 +65,7 @@ class BackendError(ServalError):
     """The engine failed; the client sees generic text, the log the cause (HTTP 500)."""
 
     code = ErrorCode.BACKEND_ERROR
+    public_message = "the model failed to run the request"
 
 
 class ServerUnavailable(ServalError):

@@ -24,6 +24,7 @@ def build_fixture_repository(root: Path) -> Path:
     fixture_models.add_sub(root)
     fixture_models.linear(root)
     fixture_models.heavy(root)
+    fixture_models.slow(root)
     fixture_models.fixed_shape(root)
     fixture_models.first_row_only(root)
     fixture_models.corrupt(root)

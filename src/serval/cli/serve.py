@@ -15,17 +15,22 @@ def serve_command(
     repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="HTTP port (KServe v2 REST)."),
+    grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (KServe v2); 0 disables."),
+    grpc_max_message_mb: int = typer.Option(
+        256, "--grpc-max-message-mb", help="Largest gRPC message accepted or sent, in MiB."
+    ),
     workers: int = typer.Option(
         1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
     ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
-    """Serve every model in REPOSITORY over KServe v2 REST."""
+    """Serve every model in REPOSITORY over KServe v2 REST and gRPC."""
     from serval.server.runner import serve
 
     try:
         config = ServerConfig(
-            repository=repository, host=host, http_port=http_port, workers=workers,
+            repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
+            grpc_max_message_mb=grpc_max_message_mb, workers=workers,
             log_level=log_level,
         )
     except ValidationError as exc:
@@ -34,12 +39,15 @@ def serve_command(
         _fail(f"model repository '{repository}' is not a directory")
     if workers > 1 and http_port == 0:
         _fail("--workers > 1 needs a fixed --http-port (the workers share it)")
+    if grpc_port and grpc_port == http_port:
+        _fail(f"--grpc-port and --http-port are both {grpc_port}")
     try:
         serve(config)
     except ConfigError as exc:
         _fail(str(exc))
     except OSError as exc:
-        _fail(f"cannot listen on {host}:{http_port}: {exc.strerror or exc}")
+        _fail(str(exc) if exc.strerror is None else
+              f"cannot listen on {host}:{http_port}: {exc.strerror}")
 
 
 def _one_line(exc: ValidationError) -> str:

@@ -1,10 +1,11 @@
-"""One-line JSON logs: time, level, logger, message and any structured extras."""
+"""One-line JSON logs (time, level, logger, message, extras) and internal-error reports."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -38,3 +39,18 @@ def configure_logging(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def report_internal_error(exc: BaseException, where: str, summary: str, detail: str) -> str:
+    """Log an engine or server failure with a new request id; return the client's message.
+
+    The client sees only the summary and the id; the detail and traceback stay in the log.
+    """
+    request_id = uuid.uuid4().hex[:16]
+    cause = exc.__cause__ or exc
+    logging.getLogger("serval.errors").error(
+        detail,
+        extra={"request_id": request_id, "where": where},
+        exc_info=(type(cause), cause, cause.__traceback__),
+    )
+    return f"{summary} (request id {request_id}; details are in the server log)"

@@ -1,4 +1,4 @@
-"""BYTES tensors on the wire: 4-byte little-endian length + payload per element."""
+"""Tensors as raw bytes: little-endian fixed-size elements, or BYTES as length + payload."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from serval.errors import InvalidInput
+from serval.protocol.dtypes import numpy_dtype
 
 _LENGTH = struct.Struct("<I")
 
@@ -60,3 +61,32 @@ def as_text(element: object) -> str:
     if isinstance(element, bytes):
         return element.decode("utf-8", errors="replace")
     return str(element)
+
+
+def tensor_from_raw(
+    raw: bytes, start: int, size: int, datatype: str, shape: tuple[int, ...], name: str,
+    size_source: str = "binary_data_size is",
+) -> np.ndarray:
+    """The tensor stored in raw[start:start+size] (no copy for fixed-size datatypes).
+
+    size_source names where the size came from, for the error message.
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    if datatype == "BYTES":
+        view = memoryview(raw)[start : start + size]
+        return decode_bytes_elements(view, count, name).reshape(shape)
+    dtype = numpy_dtype(datatype)
+    expected = count * dtype.itemsize
+    if size != expected:
+        raise InvalidInput(
+            f"input '{name}': {datatype} shape {list(shape)} needs {expected} bytes, "
+            f"{size_source} {size}"
+        )
+    return np.frombuffer(raw, dtype=dtype, count=count, offset=start).reshape(shape)
+
+
+def tensor_to_raw(array: np.ndarray) -> bytes:
+    """Row-major little-endian bytes of a tensor; BYTES elements length-prefixed."""
+    if array.dtype == object or array.dtype.kind in ("U", "S"):
+        return encode_bytes_elements(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 
 from serval.errors import InvalidInput
-from serval.protocol.bytes_tensor import as_text, decode_bytes_elements, encode_bytes_elements
+from serval.protocol.bytes_tensor import as_text, tensor_from_raw, tensor_to_raw
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 
@@ -57,7 +57,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "shape": list(array.shape),
         }
         if binary:
-            raw = _tensor_bytes(array)
+            raw = tensor_to_raw(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
@@ -147,7 +147,7 @@ def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray]:
     params = _object_field(raw, "parameters", f"input '{name}'")
     size = params.get("binary_data_size")
     if size is not None:
-        array = _binary_input(binary, name, datatype, dtype, shape, count, size)
+        array = _binary_input(binary, name, datatype, shape, size)
     elif "data" in raw:
         array = _json_input(raw["data"], name, datatype, dtype, shape, count)
     else:
@@ -164,27 +164,12 @@ def _decode_shape(raw: Any, name: str) -> tuple[int, ...]:
 
 
 def _binary_input(
-    binary: _BinarySection,
-    name: str,
-    datatype: str,
-    dtype: np.dtype,
-    shape: tuple[int, ...],
-    count: int,
-    size: Any,
+    binary: _BinarySection, name: str, datatype: str, shape: tuple[int, ...], size: Any
 ) -> np.ndarray:
     if type(size) is not int or size < 0:
         raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
     start, size = binary.take(size, name)
-    if datatype == "BYTES":
-        view = memoryview(binary.body)[start : start + size]
-        return decode_bytes_elements(view, count, name).reshape(shape)
-    expected = count * dtype.itemsize
-    if size != expected:
-        raise InvalidInput(
-            f"input '{name}': {datatype} shape {list(shape)} needs {expected} bytes, "
-            f"binary_data_size is {size}"
-        )
-    return np.frombuffer(binary.body, dtype=dtype, count=count, offset=start).reshape(shape)
+    return tensor_from_raw(binary.body, start, size, datatype, shape, name)
 
 
 def _json_input(
@@ -295,12 +280,6 @@ def _binary_choices(request: InferRequest) -> dict[str, bool]:
     if not request.outputs:
         return {}
     return {o.name: o.binary for o in request.outputs if o.binary is not None}
-
-
-def _tensor_bytes(array: np.ndarray) -> bytes:
-    if array.dtype == object or array.dtype.kind in ("U", "S"):
-        return encode_bytes_elements(array)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
 def _json_data(array: np.ndarray) -> Any:

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
@@ -21,6 +22,9 @@ from serval.observability.stats import ModelStats
 from serval.repository.registry import ModelRegistry, ModelState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+
+if TYPE_CHECKING:
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock)
+    grpc_server = await _start_grpc(dataplane, config, reuse_port)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -83,14 +88,30 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     gc.freeze()  # loaded models and module state never need scanning again
     dataplane.set_ready(True)
     log.info("serving", extra={"host": config.host, "http_port": sock.getsockname()[1],
+                                "grpc_port": config.grpc_port or None,
                                 "models": len(registry.all_models()), "pid": os.getpid()})
     await stop.wait()
     log.info("shutting down: finishing in-flight requests", extra={"pid": os.getpid()})
     dataplane.set_ready(False)
     server.close()
-    await tracker.shutdown(GRACEFUL_SHUTDOWN_S)
+    await asyncio.gather(
+        tracker.shutdown(GRACEFUL_SHUTDOWN_S),
+        grpc_server.stop(GRACEFUL_SHUTDOWN_S) if grpc_server else asyncio.sleep(0),
+    )
     await registry.drain()
     await registry.close()
+
+
+async def _start_grpc(dataplane: DataPlane, config: ServerConfig,
+                      reuse_port: bool) -> grpc.aio.Server | None:
+    if config.grpc_port == 0:
+        return None
+    from serval.server.grpc.server import start_grpc_server
+
+    return await start_grpc_server(
+        dataplane, config.host, config.grpc_port,
+        max_message_bytes=config.grpc_max_message_mb * 1024 * 1024, reuse_port=reuse_port,
+    )
 
 
 def _model_gauges(registry: ModelRegistry) -> list[tuple[ModelStats, int, bool]]:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-import uuid
-
 import orjson
 
-from serval.errors import ErrorCode, Overloaded, ServalError
-
-log = logging.getLogger(__name__)
+from serval.errors import BackendError, ErrorCode, Overloaded, ServalError
+from serval.observability.logging import report_internal_error
 
 Headers = list[tuple[bytes, bytes]]
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
@@ -35,7 +31,7 @@ def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Hea
     headers = list(JSON_HEADERS)
     message = exc.message
     if exc.code is ErrorCode.BACKEND_ERROR:
-        message = _log_internal(exc, route, "the model failed to run the request", exc.message)
+        message = report_internal_error(exc, route, BackendError.public_message, exc.message)
     if isinstance(exc, Overloaded):
         headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
     return status, error_body(message), headers
@@ -43,16 +39,5 @@ def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Hea
 
 def unexpected_error_response(exc: BaseException, route: str) -> tuple[int, bytes, Headers]:
     """A bug or unforeseen failure: 500 with a request id, traceback in the log."""
-    message = _log_internal(exc, route, "internal server error", repr(exc))
+    message = report_internal_error(exc, route, "internal server error", repr(exc))
     return 500, error_body(message), list(JSON_HEADERS)
-
-
-def _log_internal(exc: BaseException, route: str, summary: str, detail: str) -> str:
-    request_id = uuid.uuid4().hex[:16]
-    cause = exc.__cause__ or exc
-    log.error(
-        detail,
-        extra={"request_id": request_id, "route": route},
-        exc_info=(type(cause), cause, cause.__traceback__),
-    )
-    return f"{summary} (request id {request_id}; details are in the server log)"

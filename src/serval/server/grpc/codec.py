@@ -1,0 +1,96 @@
+"""ModelInferRequest/Response <-> Serval's InferRequest/InferResponse (typed and raw contents)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from serval.errors import InvalidInput
+from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
+from serval.protocol.dtypes import numpy_dtype, v2_datatype
+from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
+from serval.server.grpc.proto import grpc_service_pb2 as pb
+
+# The typed `contents` field that carries each datatype (FP16 and BF16 travel raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
+    """Inputs from raw_input_contents (one entry per input) or from typed contents."""
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; "
+            "send every input raw, or none"
+        )
+    if not message.inputs:
+        raise InvalidInput("request must have at least one input")
+    inputs: TensorDict = {}
+    for index, tensor in enumerate(message.inputs):
+        if tensor.name in inputs:
+            raise InvalidInput(f"input '{tensor.name}' is given more than once")
+        inputs[tensor.name] = _decode_input(tensor, raw[index] if raw else None)
+    return InferRequest(
+        inputs=inputs,
+        outputs=[RequestedOutput(output.name) for output in message.outputs] or None,
+        id=message.id or None,
+        parameters={key: _parameter(value) for key, value in message.parameters.items()},
+        binary_output=True,
+    )
+
+
+def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
+    """Every output as raw_output_contents, as Triton answers."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version,
+        id=response.id or "",
+    )
+    for name, array in response.outputs.items():
+        message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
+        message.raw_output_contents.append(tensor_to_raw(array))
+    return message
+
+
+def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    dtype = numpy_dtype(datatype)
+    shape = tuple(tensor.shape)
+    if any(dim < 0 for dim in shape):
+        raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
+    if raw is not None:
+        return tensor_from_raw(raw, 0, len(raw), datatype, shape, name, "raw_input_contents has")
+    field = CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{name}': {datatype} has no typed contents field; "
+                           "send it in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, "
+                           f"contents.{field} has {len(values)}")
+    return _typed_array(values, dtype, datatype, name).reshape(shape)
+
+
+def _typed_array(values: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
+    if datatype == "BYTES":
+        array = np.empty(len(values), dtype=object)
+        array[:] = list(values)
+        return array
+    wide = np.asarray(values)
+    if dtype.kind in "iu" and wide.size:
+        limits = np.iinfo(dtype)
+        if wide.min() < limits.min or wide.max() > limits.max:
+            raise InvalidInput(f"input '{name}': contents are not valid {datatype}: values must "
+                               f"lie in [{limits.min}, {limits.max}]")
+    return wide.astype(dtype, copy=False)
+
+
+def _parameter(value: Any) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return getattr(value, choice) if choice else None

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules for the v2 GRPCInferenceService (see `make proto`)."""

@@ -1,0 +1,152 @@
+"""GRPCInferenceService: each RPC decodes, calls the data plane, and encodes; nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from serval.dataplane import DataPlane
+from serval.errors import ServalError
+from serval.server.grpc.codec import decode_infer_request, encode_infer_response
+from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
+from serval.server.grpc.proto import grpc_service_pb2 as pb
+from serval.server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+
+Reply = TypeVar("Reply")
+Context = Any  # grpc.aio.ServicerContext (grpcio ships no type hints)
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The v2 gRPC API over one DataPlane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dataplane = dataplane
+
+    async def ServerLive(self, request: Any, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    async def ServerReady(self, request: Any, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def ServerMetadata(self, request: Any, context: Context) -> Any:
+        return json_format.ParseDict(self.dataplane.server_metadata(),
+                                     pb.ServerMetadataResponse())
+
+    async def ModelReady(self, request: Any, context: Context) -> pb.ModelReadyResponse:
+        return await _answer(context, "ModelReady", lambda: pb.ModelReadyResponse(
+            ready=self.dataplane.model_ready(request.name, request.version or None)))
+
+    async def ModelMetadata(self, request: Any, context: Context) -> Any:
+        return await _answer(context, "ModelMetadata", lambda: json_format.ParseDict(
+            self.dataplane.model_metadata(request.name, request.version or None),
+            pb.ModelMetadataResponse()))
+
+    async def ModelConfig(self, request: Any, context: Context) -> Any:
+        return await _answer(context, "ModelConfig", lambda: json_format.ParseDict(
+            {"config": self.dataplane.model_config(request.name, request.version or None)},
+            pb.ModelConfigResponse()))
+
+    async def ModelStatistics(self, request: Any, context: Context) -> Any:
+        return await _answer(context, "ModelStatistics", lambda: json_format.ParseDict(
+            self.dataplane.statistics(request.name or None, request.version or None),
+            pb.ModelStatisticsResponse()))
+
+    async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
+        try:
+            return await self._infer(request, _deadline_ns(context))
+        except ServalError as exc:
+            await context.abort(*grpc_error(exc, "ModelInfer"))
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            await context.abort(*unexpected_grpc_error(exc, "ModelInfer"))
+        raise AssertionError("unreachable: abort raises")
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests of one stream run concurrently (so they batch); answers come as they finish."""
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_stream(requests, answers))
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def RepositoryIndex(self, request: Any, context: Context) -> Any:
+        await _not_yet(context, "RepositoryIndex")
+
+    async def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
+        await _not_yet(context, "RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
+        await _not_yet(context, "RepositoryModelUnload")
+
+    async def _infer(self, request: Any, deadline_ns: int | None) -> pb.ModelInferResponse:
+        received_ns = time.perf_counter_ns()
+        infer_request = decode_infer_request(request)
+        response = await self.dataplane.infer(
+            request.model_name, request.model_version or None, infer_request, received_ns,
+            deadline_ns=deadline_ns,
+        )
+        return encode_infer_response(response)
+
+    async def _read_stream(
+        self, requests: AsyncIterator[Any],
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None],
+    ) -> None:
+        running: set[asyncio.Task[None]] = set()
+        try:
+            async for request in requests:
+                task = asyncio.create_task(self._stream_one(request, answers))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+            answers.put_nowait(None)
+
+    async def _stream_one(
+        self, request: Any, answers: asyncio.Queue[pb.ModelStreamInferResponse | None]
+    ) -> None:
+        try:
+            response = await self._infer(request, None)
+            answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+        except ServalError as exc:
+            _, message = grpc_error(exc, "ModelStreamInfer")
+            answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
+        except Exception as exc:
+            _, message = unexpected_grpc_error(exc, "ModelStreamInfer")
+            answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
+
+
+async def _answer(context: Context, rpc: str, build: Callable[[], Reply]) -> Reply:
+    """Run a synchronous data-plane call; domain errors become their status codes."""
+    try:
+        return build()
+    except ServalError as exc:
+        await context.abort(*grpc_error(exc, rpc))
+    raise AssertionError("unreachable: abort raises")
+
+
+async def _not_yet(context: Context, rpc: str) -> None:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                        f"{rpc}: repository control is not available in this server yet")
+
+
+def _deadline_ns(context: Context) -> int | None:
+    remaining_s = context.time_remaining()
+    if remaining_s is None:
+        return None
+    return time.perf_counter_ns() + int(remaining_s * 1e9)
+
+
+
