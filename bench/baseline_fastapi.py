@@ -1,4 +1,10 @@
-"""The server users write by hand: FastAPI + uvicorn + ONNX Runtime, one engine call per request."""
+"""The server users write by hand: FastAPI + uvicorn + ONNX Runtime, one engine call per request.
+
+Every model of a repository (`<name>/1/model.onnx`) gets one InferenceSession (intra-op threads =
+cores, defaults otherwise). The infer route is a plain sync `def` taking the v2 JSON body as a
+dict (FastAPI reads and parses it, then runs the route in its thread pool); outputs go back as
+v2 JSON lists. No batching, no binary tensors: the baseline Serval is measured against.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI, HTTPException
 
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT64": np.int64, "INT32": np.int32}
+V2_NAMES = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
 
 
 def build_app(repository: Path) -> FastAPI:
@@ -43,7 +50,8 @@ def build_app(repository: Path) -> FastAPI:
         return {
             "model_name": name,
             "outputs": [
-                {"name": n, "datatype": "FP32", "shape": list(r.shape), "data": r.ravel().tolist()}
+                {"name": n, "datatype": V2_NAMES[r.dtype], "shape": list(r.shape),
+                 "data": r.ravel().tolist()}
                 for n, r in zip(names, results, strict=True)
             ],
         }

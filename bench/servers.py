@@ -16,6 +16,9 @@ from pathlib import Path
 import orjson
 
 HOST = "127.0.0.1"
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 def free_port() -> int:
@@ -40,7 +43,8 @@ def running(command: list[str], port: int, ready_path: str, log: Path) -> Iterat
 
 def serval_command(repository: Path, port: int, workers: int) -> list[str]:
     return [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
-            "--http-port", str(port), "--workers", str(workers), "--log-level", "warning"]
+            "--host", HOST, "--http-port", str(port), "--workers", str(workers),
+            "--log-level", "warning"]
 
 
 def fastapi_command(repository: Path, port: int) -> list[str]:
@@ -53,28 +57,30 @@ def trivial_command(port: int) -> list[str]:
 
 
 def get_json(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=10) as reply:
+    with _DIRECT.open(f"http://{HOST}:{port}{path}", timeout=10) as reply:
         return dict(orjson.loads(reply.read()))
 
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, path: str, log: Path) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited early; see {log}")
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=1):
+            with _DIRECT.open(f"http://{HOST}:{port}{path}", timeout=1):
                 return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"server not ready after 120 s; see {log}")
+    raise RuntimeError(f"server not ready after {READY_TIMEOUT_S:.0f} s; see {log}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (workers included), SIGKILL it if it lingers."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
-        process.wait(timeout=30)
+        process.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()

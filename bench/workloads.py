@@ -1,65 +1,104 @@
-"""Valid random inputs for a model, pre-encoded as v2 JSON or binary HTTP requests."""
+"""Valid random inputs for a model, pre-encoded as v2 JSON or binary-tensor HTTP requests.
+
+Tensor specs come from the ONNX file itself, so every server under test gets the same inputs
+and every answer can be checked against the engine run in this process.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 
 from serval.loadtest.closed_loop import encode_http_request
 
-NUMPY = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64,
-         "INT32": np.int32, "tensor(float)": np.float32, "tensor(int64)": np.int64}
-TOKEN_RANGE = 30000  # fits every example vocabulary
+V2_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
+            "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(bool)": "BOOL"}
+NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
+         "INT32": np.int32, "BOOL": np.bool_}
+TOKEN_RANGE = 30000  # ids valid for every example vocabulary (minilm 30522, lstm 100000)
 
 
-def random_tensor(name: str, datatype: str, shape: list[int], rng: np.random.Generator
-                  ) -> np.ndarray:
-    dtype = NUMPY[datatype]
-    if name == "attention_mask":
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # v2 name: FP32, INT64, ...
+    shape: tuple[int, ...]  # -1 for the batch and any other free dimension
+
+    def item_shape(self, batch: int) -> list[int]:
+        """A concrete shape: `batch` first, 1 for any other free dimension."""
+        return [batch, *(d if d > 0 else 1 for d in self.shape[1:])]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def model_file(repository: Path, model: str) -> Path:
+    return repository / model / "1" / "model.onnx"
+
+
+def model_spec(onnx_file: Path) -> ModelSpec:
+    """Input and output names, types and shapes as the ONNX file declares them."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+
+    def specs(args: list[Any]) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(a.name, V2_TYPES[a.type],
+                                tuple(d if isinstance(d, int) else -1 for d in a.shape))
+                     for a in args)
+
+    return ModelSpec(specs(session.get_inputs()), specs(session.get_outputs()))
+
+
+def random_tensor(spec: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid data: token ids in range, an all-ones attention mask, normal floats."""
+    shape, dtype = spec.item_shape(batch), NUMPY[spec.datatype]
+    if spec.name == "attention_mask":
         return np.ones(shape, dtype=dtype)
     if np.issubdtype(dtype, np.integer):
         return rng.integers(0, TOKEN_RANGE, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
 
 
-def random_feed(session: object, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Inputs for an onnxruntime session at a batch size (non-batch dims from the model)."""
-    feed = {}
-    for arg in session.get_inputs():  # type: ignore[attr-defined]
-        shape = [batch, *(d if isinstance(d, int) else 1 for d in arg.shape[1:])]
-        feed[arg.name] = random_tensor(arg.name, arg.type, shape, rng)
-    return feed
-
-
-def infer_requests(model: str, metadata: dict, binary: bool, count: int, host: str,
-                   seed: int = 0) -> list[bytes]:
-    """`count` distinct one-item requests for `model`, as complete HTTP/1.1 requests."""
+def random_feeds(spec: ModelSpec, batch: int, count: int, seed: int = 0
+                 ) -> list[dict[str, np.ndarray]]:
+    """`count` distinct input sets at one batch size, from a fixed seed."""
     rng = np.random.default_rng(seed)
+    return [{t.name: random_tensor(t, batch, rng) for t in spec.inputs} for _ in range(count)]
+
+
+def infer_requests(model: str, feeds: list[dict[str, np.ndarray]], binary: bool,
+                   host: str) -> list[bytes]:
+    """One complete HTTP/1.1 infer request per input set (JSON or binary tensors)."""
     path = f"/v2/models/{model}/infer"
-    requests = []
-    for _ in range(count):
-        tensors = [(spec, random_tensor(spec["name"], spec["datatype"],
-                                        [1, *spec["shape"][1:]], rng))
-                   for spec in metadata["inputs"]]
-        body, headers = (_binary_body if binary else _json_body)(tensors)
-        requests.append(encode_http_request("POST", path, body, headers, host))
-    return requests
+    encode = binary_body if binary else json_body
+    return [encode_http_request("POST", path, *encode(feed), host=host) for feed in feeds]
 
 
-def _json_body(tensors: list[tuple[dict, np.ndarray]]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": spec["name"], "datatype": spec["datatype"],
-                       "shape": list(array.shape), "data": array.ravel().tolist()}
-                      for spec, array in tensors]}
+def json_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
+                       "data": array.ravel().tolist()} for name, array in feed.items()]}
     return orjson.dumps(doc), {"Content-Type": "application/json"}
 
 
-def _binary_body(tensors: list[tuple[dict, np.ndarray]]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": spec["name"], "datatype": spec["datatype"],
-                       "shape": list(array.shape),
+def binary_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
                        "parameters": {"binary_data_size": array.nbytes}}
-                      for spec, array in tensors],
+                      for name, array in feed.items()],
            "parameters": {"binary_data_output": True}}
     header = orjson.dumps(doc)
-    body = header + b"".join(array.tobytes() for _, array in tensors)
+    body = header + b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
+                             for a in feed.values())
     return body, {"Content-Type": "application/octet-stream",
                   "Inference-Header-Content-Length": str(len(header))}
+
+
+def _v2_type(array: np.ndarray) -> str:
+    return next(name for name, dtype in NUMPY.items() if array.dtype == dtype)

@@ -245,19 +245,25 @@ def _slow_count(client: triton.InferenceServerClient) -> int:
                .get("inference_count", 0))
 
 
-def _occupy_engine(client: triton.InferenceServerClient) -> threading.Thread:
-    """A 128-row request that keeps the slow model's engine busy for a few hundred ms."""
+def _occupy_engine(client: triton.InferenceServerClient, server: RunningServer
+                   ) -> threading.Thread:
+    """A 128-row request that keeps the slow model's engine busy for a few hundred ms;
+    returns once the server reports that batch running."""
     big = _input("x", np.ones((128, 1024), dtype=np.float32))
     blocker = threading.Thread(target=lambda: client.infer("slow", [big]))
     blocker.start()
-    time.sleep(0.08)
+    running = 'serval_running_batches{model="slow",version="1"} 1.0'
+    deadline = time.monotonic() + 30
+    while running not in call(server.url, "GET", "/metrics").body.decode():
+        assert time.monotonic() < deadline, "the blocking batch never started"
+        time.sleep(0.005)
     return blocker
 
 
 def test_expired_deadline_is_dropped_before_compute(server: RunningServer) -> None:
     client = triton.InferenceServerClient(server.grpc_url)
     before = _slow_count(client)
-    blocker = _occupy_engine(client)
+    blocker = _occupy_engine(client, server)
     with pytest.raises(InferenceServerException) as caught:
         client.infer("slow", [_input("x", np.ones((1, 1024), np.float32))], client_timeout=0.05)
     assert "Deadline" in str(caught.value) or "DEADLINE" in str(caught.value.status())
@@ -269,7 +275,7 @@ def test_expired_deadline_is_dropped_before_compute(server: RunningServer) -> No
 def test_cancelled_call_frees_its_queue_slot(server: RunningServer) -> None:
     client = triton.InferenceServerClient(server.grpc_url)
     before = _slow_count(client)
-    blocker = _occupy_engine(client)
+    blocker = _occupy_engine(client, server)
     call_context = client.async_infer("slow", [_input("x", np.ones((1, 1024), np.float32))],
                                       callback=lambda result, error: None)
     time.sleep(0.05)

@@ -97,6 +97,7 @@ def test_prometheus_metrics(server: RunningServer) -> None:
                    "serval_batch_size_bucket", "serval_queue_duration_seconds_bucket",
                    "serval_compute_duration_seconds_bucket",
                    "serval_request_duration_seconds_bucket", "serval_model_memory_bytes",
+                   "serval_pending_requests", "serval_running_batches",
                    "process_resident_memory_bytes"):
         assert family in text, family
     assert 'serval_requests_total{model="linear",outcome="success",version="1"}' in text

@@ -24,7 +24,8 @@ def test_closed_loop_measures_a_real_server(server: RunningServer, processes: in
                              duration_s=0.5, warmup_s=0.2, processes=processes)
     assert result.requests > 10 and result.errors == {}
     assert 0 < result.p50_ms <= result.p99_ms <= result.p999_ms
-    assert result.throughput_rps == pytest.approx(result.requests / 0.5)
+    # each request counts by the share of its lifetime inside the 0.5 s window
+    assert result.throughput_rps == pytest.approx(result.requests / 0.5, rel=0.05)
     assert b'"probabilities"' in result.sample_body
 
 

@@ -68,6 +68,11 @@ class Batcher:
         """Requests waiting for a batch (not counting the ones the engine is running)."""
         return len(self._queue)
 
+    @property
+    def running(self) -> int:
+        """Batches the engine is computing right now."""
+        return self._running
+
     async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
         """Queue one request and wait for its own rows of the batch output."""
         if self._closed:

@@ -1,215 +1,318 @@
 """A closed-loop HTTP/1.1 load generator: keep-alive clients spread over processes.
 
-Each simulated client owns one connection and sends its next pre-encoded request the moment
-the previous answer is complete. Responses are parsed with httptools; latencies are recorded
-after the warm-up only, then merged across processes.
+Each simulated client owns one keep-alive connection and writes its next pre-encoded request the
+moment the previous answer is complete (closed loop: the offered load is the concurrency).
+Everything on the hot path is cheap: uvloop, a raw asyncio.Protocol per connection, responses
+parsed by httptools in C, one clock read per request, no per-request timers (a watchdog scans for
+overdue requests instead). The clients are split over `processes` OS processes, each with its own
+event loop; they connect first, then start together. Latencies are kept only for requests sent
+after the warm-up, shipped to the parent as int64 nanoseconds and merged there (see stats.py).
+Throughput counts each successful request by the share of its life inside the measured window,
+so it does not jump by a whole batch when a batching server answers 64 clients at once.
+
+Broken connections are reopened and counted; every run ends within
+warmup + duration + per-request timeout (+ connect time and a few seconds).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import multiprocessing
+import queue
+import threading
 import time
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httptools
-import numpy as np
 
-REQUEST_TIMEOUT_S = 30.0
+from serval.loadtest.stats import StepResult, summarize
+
+__all__ = ["StepResult", "encode_http_request", "run_closed_loop"]
+
+DEFAULT_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 5.0
+RECONNECT_PAUSE_S = 0.05
+_perf_ns = time.perf_counter_ns
 
 
-@dataclass
-class StepResult:
-    """One load level: what was offered, what came back, and how fast."""
+def encode_http_request(method: str, path: str, body: bytes = b"",
+                        headers: dict[str, str] | None = None, host: str = "127.0.0.1") -> bytes:
+    """A complete keep-alive HTTP/1.1 request (request line, headers, body), ready to write."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: keep-alive",
+             f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    concurrency: int
-    requests: int
-    errors: dict[str, int]
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every process runs (picklable, so 'spawn' works too)."""
+
+    host: str
+    port: int
+    requests: tuple[bytes, ...]
+    warmup_s: float
     duration_s: float
-    throughput_rps: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    p999_ms: float
-    mean_ms: float
-    sample_body: bytes = field(default=b"", repr=False)
+    timeout_s: float
 
-    @property
-    def failed(self) -> int:
-        return sum(self.errors.values())
-
-
-def encode_http_request(method: str, path: str, body: bytes, headers: dict[str, str],
-                        host: str) -> bytes:
-    """A complete keep-alive HTTP/1.1 request, ready to write as is."""
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    def run_bound_s(self) -> float:
+        """The longest one process may take once its clients are connected."""
+        return self.warmup_s + self.duration_s + self.timeout_s + 2.0
 
 
 def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
-                    duration_s: float, warmup_s: float = 1.0, processes: int = 1) -> StepResult:
-    """Drive `concurrency` clients for warmup_s + duration_s; report the measured part."""
+                    duration_s: float, warmup_s: float = 1.0, processes: int = 1,
+                    timeout_s: float = DEFAULT_TIMEOUT_S) -> StepResult:
+    """Drive `concurrency` clients for warmup_s + duration_s; report the measured part.
+
+    Must be called from synchronous code (it runs its own event loops). With processes == 1 the
+    clients run in this process; otherwise in forked (or spawned) children.
+    """
+    if not requests:
+        raise ValueError("at least one pre-encoded request is needed")
+    if concurrency < 1 or duration_s <= 0:
+        raise ValueError("concurrency must be >= 1 and duration_s > 0")
+    plan = _Plan(host, port, tuple(requests), max(0.0, warmup_s), duration_s, timeout_s)
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    start_at = time.time() + 0.3 + 0.2 * processes  # every process starts the clock together
-    args = [(host, port, requests, share, start_at, warmup_s, duration_s) for share in shares]
     if processes == 1:
-        parts = [_run_process(*args[0])]
+        parts = [_run_share(plan, concurrency, 0, None)]
     else:
-        with multiprocessing.get_context("fork").Pool(processes) as pool:
-            parts = pool.starmap(_run_process, args)
-    return _merge(parts, concurrency, duration_s)
+        parts = _run_in_processes(plan, shares)
+    return summarize(parts, concurrency, duration_s)
 
 
-def _run_process(host: str, port: int, requests: list[bytes], clients: int, start_at: float,
-                 warmup_s: float, duration_s: float) -> dict[str, Any]:
+def _run_in_processes(plan: _Plan, shares: list[int]) -> list[dict[str, Any]]:
+    methods = multiprocessing.get_all_start_methods()
+    context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    barrier = context.Barrier(len(shares))
+    results = context.Queue()
+    offsets = [sum(shares[:i]) for i in range(len(shares))]
+    children = [context.Process(target=_child, args=(plan, share, offset, barrier, results),
+                                daemon=True)
+                for share, offset in zip(shares, offsets, strict=True)]
+    for child in children:
+        child.start()
+    deadline = time.monotonic() + 30.0 + CONNECT_TIMEOUT_S + plan.run_bound_s()
+    parts = [_collect(results, deadline) for _ in children]
+    for child in children:
+        child.join(timeout=max(0.1, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return parts
+
+
+def _collect(results: Any, deadline: float) -> dict[str, Any]:
+    try:
+        return cast(dict[str, Any], results.get(timeout=max(0.1, deadline - time.monotonic())))
+    except queue.Empty:
+        return {"errors": {"generator_lost": 1}}
+
+
+def _child(plan: _Plan, clients: int, offset: int, barrier: Any, results: Any) -> None:
+    try:
+        part = _run_share(plan, clients, offset, barrier)
+    except Exception as exc:  # report, never hang the parent
+        part = {"errors": {f"generator_{type(exc).__name__}": 1}}
+    results.put(part)
+
+
+def _run_share(plan: _Plan, clients: int, offset: int, barrier: Any) -> dict[str, Any]:
     import uvloop
 
-    return uvloop.run(_drive(host, port, requests, clients, start_at, warmup_s, duration_s))
-
-
-async def _drive(host: str, port: int, requests: list[bytes], clients: int, start_at: float,
-                 warmup_s: float, duration_s: float) -> dict[str, Any]:
-    await asyncio.sleep(max(0.0, start_at - time.time()))
-    now = time.perf_counter_ns()
-    window = _Window(now + int(warmup_s * 1e9), now + int((warmup_s + duration_s) * 1e9))
-    tasks = [asyncio.create_task(_client(host, port, requests, i, window)) for i in range(clients)]
-    await asyncio.gather(*tasks)
-    return {"latencies_ns": window.latencies_ns, "errors": dict(window.errors),
-            "sample": window.sample}
+    return uvloop.run(_drive(plan, clients, offset, barrier))
 
 
 @dataclass
-class _Window:
-    """The measured interval and what was seen inside it (shared by one process's clients)."""
+class _State:
+    """One process's measured window and what its clients saw (shared by its connections)."""
 
-    measure_from_ns: int
-    stop_at_ns: int
-    latencies_ns: list[int] = field(default_factory=list)
+    plan: _Plan
+    measure_from_ns: int = 0
+    stop_at_ns: int = 0
+    latencies: array[int] = field(default_factory=lambda: array("q"))
+    served: float = 0.0  # 2xx answers in the window, those crossing its edges in part
     errors: Counter[str] = field(default_factory=Counter)
     sample: bytes = b""
+    sample_status: int = 0
+    open: set[_Connection] = field(default_factory=set)
 
-    def record(self, sent_ns: int, done_ns: int, status: int, body: bytes) -> None:
-        if not self.sample:
-            self.sample = body
-        if sent_ns < self.measure_from_ns:
+    def start(self) -> None:
+        now = _perf_ns()
+        self.measure_from_ns = now + int(self.plan.warmup_s * 1e9)
+        self.stop_at_ns = self.measure_from_ns + int(self.plan.duration_s * 1e9)
+
+    def stopping(self) -> bool:
+        return _perf_ns() >= self.stop_at_ns
+
+    def part(self) -> dict[str, Any]:
+        return {"latencies": self.latencies.tobytes(), "served": self.served,
+                "errors": dict(self.errors),
+                "sample": self.sample, "sample_status": self.sample_status}
+
+
+async def _drive(plan: _Plan, clients: int, offset: int, barrier: Any) -> dict[str, Any]:
+    state = _State(plan)
+    first = await asyncio.gather(*(_connect(state, offset + i, i == 0) for i in range(clients)))
+    if barrier is not None:
+        _wait_for_siblings(barrier)
+    state.start()
+    watchdog = asyncio.create_task(_watchdog(state))
+    tasks = [asyncio.create_task(_client(state, offset + i, i == 0, conn))
+             for i, conn in enumerate(first)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=plan.run_bound_s())
+    except TimeoutError:
+        state.errors["timeout"] += sum(1 for conn in state.open if conn.sent_ns)
+    finally:
+        watchdog.cancel()
+        for conn in list(state.open):
+            conn.close()
+    return state.part()
+
+
+def _wait_for_siblings(barrier: Any) -> None:
+    """Start every process's clock together (proceed alone if a sibling never comes)."""
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait(timeout=30.0 + CONNECT_TIMEOUT_S)
+
+
+async def _client(state: _State, index: int, sampling: bool, conn: _Connection | None) -> None:
+    """One simulated user: send on its connection until told to stop; reopen broken ones."""
+    next_index = index
+    while True:
+        if conn is not None:
+            conn.send_next()
+            await conn.closed
+            next_index = conn.next_index
+        if state.stopping():
             return
-        if 200 <= status < 300:
-            self.latencies_ns.append(done_ns - sent_ns)
-        else:
-            self.errors[f"http_{status}"] += 1
-
-    def error(self, kind: str) -> None:
-        if time.perf_counter_ns() >= self.measure_from_ns:
-            self.errors[kind] += 1
+        conn = await _connect(state, next_index, sampling)
+        if conn is None:
+            await asyncio.sleep(RECONNECT_PAUSE_S)
 
 
-async def _client(host: str, port: int, requests: list[bytes], index: int,
-                  window: _Window) -> None:
+async def _connect(state: _State, next_index: int, sampling: bool) -> _Connection | None:
     loop = asyncio.get_running_loop()
-    while time.perf_counter_ns() < window.stop_at_ns:
-        done = loop.create_future()
-        try:
-            transport, _ = await loop.create_connection(
-                functools.partial(_Connection, requests, index, window, done), host, port)
-        except OSError:
-            window.error("connection")
-            await asyncio.sleep(0.05)
-            continue
-        try:
-            await asyncio.wait_for(done, timeout=window_remaining_s(window) + REQUEST_TIMEOUT_S)
-        except TimeoutError:
-            window.error("timeout")
-        finally:
-            transport.close()
+    protocol = _SamplingConnection if sampling else _Connection
+    try:
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: protocol(state, next_index),
+                                   state.plan.host, state.plan.port),
+            timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        state.errors["connection"] += 1
+        return None
+    return conn
 
 
-def window_remaining_s(window: _Window) -> float:
-    return max(0.0, (window.stop_at_ns - time.perf_counter_ns()) / 1e9)
+async def _watchdog(state: _State) -> None:
+    """Fail requests unanswered after the per-request timeout (closing their connection)."""
+    timeout_ns = int(state.plan.timeout_s * 1e9)
+    interval = min(1.0, state.plan.timeout_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        now = _perf_ns()
+        for conn in list(state.open):
+            if conn.sent_ns and now - conn.sent_ns > timeout_ns:
+                state.errors["timeout"] += 1
+                conn.close()
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection sending requests back to back; done resolves when it ends."""
+    """One keep-alive connection sending requests back to back; `closed` resolves at its end."""
 
-    def __init__(self, requests: list[bytes], index: int, window: _Window,
-                 done: asyncio.Future[None]) -> None:
-        self.requests, self.next_index, self.window, self.done = requests, index, window, done
+    def __init__(self, state: _State, next_index: int) -> None:
+        self.state = state
+        self.requests = state.plan.requests
+        self.next_index = next_index
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self.sent_ns = 0
-        self.body: list[bytes] = []
-        self.timer: asyncio.TimerHandle | None = None
+        self.sent_ns = 0  # 0: no request in flight
+        self.closing = False  # closed by us: not an error
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self._send()
+        self.state.open.add(self)
 
-    def _send(self) -> None:
-        assert self.transport is not None
-        if time.perf_counter_ns() >= self.window.stop_at_ns:
-            self._finish()
+    def send_next(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
-        request = self.requests[self.next_index % len(self.requests)]
+        now = _perf_ns()
+        if now >= self.state.stop_at_ns:
+            self.close()
+            return
+        requests = self.requests
+        request = requests[self.next_index % len(requests)]
         self.next_index += 1
-        self.body = []
-        self.sent_ns = time.perf_counter_ns()
-        self.timer = asyncio.get_running_loop().call_later(REQUEST_TIMEOUT_S, self._timed_out)
-        self.transport.write(request)
+        self.sent_ns = now
+        transport.write(request)
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.window.error("bad_response")
-            self._finish()
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+            self.state.errors["bad_response"] += 1
+            self.close()
 
     def on_message_complete(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+        now = _perf_ns()
+        sent, self.sent_ns = self.sent_ns, 0
         status = self.parser.get_status_code()
-        self.window.record(self.sent_ns, time.perf_counter_ns(), status, b"".join(self.body))
-        if self.parser.should_keep_alive():
-            self._send()
+        state = self.state
+        if 200 <= status < 300:
+            if sent >= state.measure_from_ns:
+                state.latencies.append(now - sent)
+            if sent >= state.measure_from_ns and now <= state.stop_at_ns:
+                state.served += 1.0
+            else:
+                state.served += _overlap(sent, now, state.measure_from_ns, state.stop_at_ns)
         else:
-            self._finish()
+            state.errors[f"http_{status}"] += 1
+        if self.parser.should_keep_alive():
+            self.send_next()
+        else:
+            self.close()
 
-    def _timed_out(self) -> None:
-        self.window.error("timeout")
-        self._finish()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.done.done():
-            if time.perf_counter_ns() < self.window.stop_at_ns:
-                self.window.error("connection")
-            self.done.set_result(None)
-
-    def _finish(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+    def close(self) -> None:
+        self.closing = True
         if self.transport is not None:
             self.transport.close()
-        if not self.done.done():
-            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state.open.discard(self)
+        if not self.closing:
+            self.state.errors["connection"] += 1
+        if not self.closed.done():
+            self.closed.set_result(None)
 
 
-def _merge(parts: list[dict[str, Any]], concurrency: int, duration_s: float) -> StepResult:
-    latencies = np.concatenate([np.asarray(p["latencies_ns"], dtype=np.int64) for p in parts])
-    errors: Counter[str] = Counter()
-    for part in parts:
-        errors.update(part["errors"])
-    ms = latencies / 1e6 if latencies.size else np.zeros(1)
-    p50, p90, p99, p999 = np.percentile(ms, [50, 90, 99, 99.9])
-    return StepResult(
-        concurrency=concurrency, requests=int(latencies.size), errors=dict(errors),
-        duration_s=duration_s, throughput_rps=latencies.size / duration_s,
-        p50_ms=float(p50), p90_ms=float(p90), p99_ms=float(p99), p999_ms=float(p999),
-        mean_ms=float(ms.mean()),
-        sample_body=next((part["sample"] for part in parts if part["sample"]), b""),
-    )
+def _overlap(sent_ns: int, done_ns: int, start_ns: int, stop_ns: int) -> float:
+    """The share of one request's life inside the measured window [start_ns, stop_ns)."""
+    inside = min(done_ns, stop_ns) - max(sent_ns, start_ns)
+    return max(0, inside) / max(1, done_ns - sent_ns)
+
+
+class _SamplingConnection(_Connection):
+    """A connection that also keeps its process's first answer body for the caller to check."""
+
+    def __init__(self, state: _State, next_index: int) -> None:
+        super().__init__(state, next_index)
+        self.body: list[bytes] = []
+
+    def on_body(self, body: bytes) -> None:
+        if not self.state.sample_status:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if not self.state.sample_status:
+            self.state.sample = b"".join(self.body)
+            self.state.sample_status = self.parser.get_status_code()
+        super().on_message_complete()

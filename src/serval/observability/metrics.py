@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -18,11 +19,22 @@ from serval.observability.stats import Histogram, ModelStats
 LABELS = ["model", "version"]
 
 
+@dataclass(frozen=True, slots=True)
+class ModelGauges:
+    """One model version's counters plus what is true of it right now."""
+
+    stats: ModelStats
+    memory_bytes: int
+    ready: bool
+    pending_requests: int
+    running_batches: int
+
+
 class ModelMetricsCollector(Collector):
     """Turns every model's counters into metric families when Prometheus scrapes."""
 
-    def __init__(self, models: Callable[[], Iterable[tuple[ModelStats, int, bool]]]) -> None:
-        self._models = models  # yields (stats, memory bytes, ready)
+    def __init__(self, models: Callable[[], Iterable[ModelGauges]]) -> None:
+        self._models = models
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -36,6 +48,12 @@ class ModelMetricsCollector(Collector):
             "serval_model_memory_bytes", "Memory held by the loaded model", labels=LABELS
         )
         ready = GaugeMetricFamily("serval_model_ready", "1 when the model serves", labels=LABELS)
+        pending = GaugeMetricFamily(
+            "serval_pending_requests", "Requests queued, not yet computing", labels=LABELS
+        )
+        running = GaugeMetricFamily(
+            "serval_running_batches", "Batches the engine is computing now", labels=LABELS
+        )
         histograms = {
             "request_seconds": _histogram("serval_request_duration_seconds",
                                           "Time in the data plane per request"),
@@ -45,17 +63,21 @@ class ModelMetricsCollector(Collector):
                                           "Time of one batch: merge, engine run, split"),
             "batch_size": _histogram("serval_batch_size", "Rows per engine run"),
         }
-        for stats, memory_bytes, is_ready in self._models():
+        for model in self._models():
+            stats = model.stats
             labels = [stats.name, stats.version]
             for outcome, count in sorted(stats.outcomes.items()):
                 requests.add_metric([*labels, outcome], count)
             inferences.add_metric(labels, stats.inference_count)
             executions.add_metric(labels, stats.execution_count)
-            memory.add_metric(labels, memory_bytes)
-            ready.add_metric(labels, 1 if is_ready else 0)
+            memory.add_metric(labels, model.memory_bytes)
+            ready.add_metric(labels, 1 if model.ready else 0)
+            pending.add_metric(labels, model.pending_requests)
+            running.add_metric(labels, model.running_batches)
             for attribute, family in histograms.items():
                 _add_histogram(family, labels, getattr(stats, attribute))
-        yield from (requests, inferences, executions, memory, ready, *histograms.values())
+        yield from (requests, inferences, executions, memory, ready, pending, running,
+                    *histograms.values())
 
 
 def build_registry(collector: Collector) -> CollectorRegistry:

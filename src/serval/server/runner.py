@@ -17,8 +17,7 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
-from serval.observability.metrics import ModelMetricsCollector, build_registry
-from serval.observability.stats import ModelStats
+from serval.observability.metrics import ModelGauges, ModelMetricsCollector, build_registry
 from serval.repository.registry import ModelRegistry, ModelState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
@@ -114,9 +113,15 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig,
     )
 
 
-def _model_gauges(registry: ModelRegistry) -> list[tuple[ModelStats, int, bool]]:
+def _model_gauges(registry: ModelRegistry) -> list[ModelGauges]:
     return [
-        (s.stats, s.model.memory_bytes() if s.model else 0, s.state is ModelState.READY)
+        ModelGauges(
+            stats=s.stats,
+            memory_bytes=s.model.memory_bytes() if s.model else 0,
+            ready=s.state is ModelState.READY,
+            pending_requests=s.batcher.queued if s.batcher else 0,
+            running_batches=s.batcher.running if s.batcher else 0,
+        )
         for s in registry.all_models()
     ]
 
