@@ -93,3 +93,25 @@ def decode_outputs(answer: _Answer) -> dict[str, np.ndarray]:
             arrays[out["name"]] = np.asarray(out["data"], dtype=dtype)
         arrays[out["name"]] = arrays[out["name"]].reshape(shape)
     return arrays
+
+
+def check_grpc_answer(target: str, request: bytes, spec: ModelSpec,
+                      expected: dict[str, np.ndarray], label: str) -> None:
+    """Raise CheckFailed unless ModelInfer answers every output right (raw contents)."""
+    import grpc
+
+    from serval.loadtest.grpc_closed_loop import MODEL_INFER
+    from serval.server.grpc.proto import grpc_service_pb2 as pb
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            raw = channel.unary_unary(MODEL_INFER)(request, timeout=30)
+        except grpc.RpcError as exc:
+            raise CheckFailed(f"{label}: {exc.code()}: {exc.details()}") from exc
+    response = pb.ModelInferResponse.FromString(raw)
+    outputs = {out.name: np.frombuffer(data, dtype=NUMPY[out.datatype]).reshape(out.shape)
+               for out, data in zip(response.outputs, response.raw_output_contents, strict=True)}
+    for out in spec.outputs:
+        got, want = outputs.get(out.name), expected[out.name]
+        if got is None or got.shape != want.shape or not np.allclose(got, want, 1e-3, 1e-4):
+            raise CheckFailed(f"{label}: output '{out.name}' missing or wrong")

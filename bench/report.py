@@ -105,6 +105,24 @@ def goal_lines(model: str, rows: Rows, ceiling: Ceiling, primary: str) -> list[s
     return lines
 
 
+def grpc_goal_lines(model: str, rows: Rows, primary: str) -> list[str]:
+    """The gRPC front end's goals: >= HTTP binary on every model, >= 2x HTTP JSON on mlp."""
+    labels = [f"serval grpc-{mode} {primary}" for mode in ("unary", "stream")]
+    if not _has(rows, 64, f"serval binary {primary}", *labels):
+        return []
+    binary = rows[f"serval binary {primary}"][64].throughput_rps
+    json = rows[f"serval json {primary}"][64].throughput_rps
+    lines = []
+    for label in labels:
+        grpc_rps = rows[label][64].throughput_rps
+        lines.append(_goal(grpc_rps >= binary, f"{model} {label} >= HTTP binary @64 "
+                                               f"({grpc_rps:,.0f} vs {binary:,.0f} req/s)"))
+        if model == "mlp":
+            lines.append(_goal(grpc_rps >= 2 * json, f"mlp {label} >= 2x HTTP JSON @64 "
+                                                     f"({grpc_rps / json:.2f}x)"))
+    return lines
+
+
 def generator_line(trivial: StepResult, rows_by_model: dict[str, Rows]) -> str:
     """The generator's ceiling, and how close the fastest measured server came to it."""
     fastest = max((r.throughput_rps for rows in rows_by_model.values() for by in rows.values()

@@ -41,10 +41,10 @@ def running(command: list[str], port: int, ready_path: str, log: Path) -> Iterat
             _stop(process)
 
 
-def serval_command(repository: Path, port: int, workers: int) -> list[str]:
+def serval_command(repository: Path, port: int, workers: int, grpc_port: int) -> list[str]:
     return [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
-            "--host", HOST, "--http-port", str(port), "--workers", str(workers),
-            "--log-level", "warning"]
+            "--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port),
+            "--workers", str(workers), "--log-level", "warning"]
 
 
 def fastapi_command(repository: Path, port: int) -> list[str]:

@@ -29,10 +29,11 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import report, servers
-from bench.checks import check_answer
+from bench.checks import check_answer, check_grpc_answer
 from bench.engine_ceiling import Ceiling, engine_outputs, engine_session, measure_ceiling
-from bench.workloads import infer_requests, model_file, model_spec, random_feeds
+from bench.workloads import grpc_requests, infer_requests, model_file, model_spec, random_feeds
 from serval.loadtest.closed_loop import StepResult, encode_http_request, run_closed_loop
+from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
 
 REQUESTS_PER_MODE = 16  # distinct pre-encoded bodies per model and mode
 console = Console(width=150)
@@ -56,6 +57,7 @@ def main() -> None:
         primary = f"w{args.workers}"
         lines += report.ratio_lines(model, rows, ceiling, primary)
         goals += report.goal_lines(model, rows, ceiling, primary)
+        goals += report.grpc_goal_lines(model, rows, primary)
         out["models"][model] = _model_json(rows, ceiling)
     lines.append(report.generator_line(trivial, rows_by_model))
     _print_summary(lines, goals, logs)
@@ -120,8 +122,8 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
     if model in args.multi_worker_models and args.multi_workers != args.workers:
         worker_counts.append(args.multi_workers)
     for workers in worker_counts:
-        port = servers.free_port()
-        command = servers.serval_command(args.repository, port, workers)
+        port, grpc_port = servers.free_port(), servers.free_port()
+        command = servers.serval_command(args.repository, port, workers, grpc_port)
         with servers.running(command, port, "/v2/health/ready",
                              logs / f"serval-{model}-w{workers}.log"):
             servers.get_json(port, f"/v2/models/{model}")  # the model is there and loaded
@@ -130,6 +132,12 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
                 requests = infer_requests(model, feeds, binary, servers.HOST)
                 check_answer(servers.HOST, port, requests[0], spec, expected, label)
                 rows[label] = _sweep(args, port, requests, label)
+            target = f"{servers.HOST}:{grpc_port}"
+            grpc_reqs = grpc_requests(model, feeds)
+            check_grpc_answer(target, grpc_reqs[0], spec, expected, f"serval grpc w{workers}")
+            for mode in ("unary", "stream"):
+                label = f"serval grpc-{mode} w{workers}"
+                rows[label] = _grpc_sweep(args, target, grpc_reqs, mode, label)
     port = servers.free_port()
     with servers.running(servers.fastapi_command(args.repository, port), port,
                          "/v2/health/ready", logs / f"fastapi-{model}.log"):
@@ -139,6 +147,23 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
     return rows
 
 
+def _grpc_sweep(args: argparse.Namespace, target: str, requests: list[bytes], mode: str,
+                label: str) -> dict[int, StepResult]:
+    results = {}
+    for concurrency in args.concurrency:
+        result = run_grpc_closed_loop(target, requests, concurrency, args.duration, args.warmup,
+                                      processes=1, mode=mode)
+        results[concurrency] = result
+        _print_step(label, concurrency, result)
+    return results
+
+
+def _print_step(label: str, concurrency: int, result: StepResult) -> None:
+    console.print(f"  {label:22} c={concurrency:<4} {result.throughput_rps:9,.0f} req/s  "
+                  f"p50 {result.p50_ms:7.2f}  p99 {result.p99_ms:7.2f} ms  "
+                  f"errors {result.errors or 0}")
+
+
 def _sweep(args: argparse.Namespace, port: int, requests: list[bytes], label: str
            ) -> dict[int, StepResult]:
     results = {}
@@ -146,9 +171,7 @@ def _sweep(args: argparse.Namespace, port: int, requests: list[bytes], label: st
         result = run_closed_loop(servers.HOST, port, requests, concurrency, args.duration,
                                  args.warmup, _processes(args, concurrency))
         results[concurrency] = result
-        console.print(f"  {label:18} c={concurrency:<4} {result.throughput_rps:9,.0f} req/s  "
-                      f"p50 {result.p50_ms:7.2f}  p99 {result.p99_ms:7.2f} ms  "
-                      f"errors {result.errors or 0}")
+        _print_step(label, concurrency, result)
     return results
 
 

@@ -102,3 +102,17 @@ def binary_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
 
 def _v2_type(array: np.ndarray) -> str:
     return next(name for name, dtype in NUMPY.items() if array.dtype == dtype)
+
+
+def grpc_requests(model: str, feeds: list[dict[str, np.ndarray]]) -> list[bytes]:
+    """Serialized ModelInferRequests (raw_input_contents), one per feed."""
+    from serval.server.grpc.proto import grpc_service_pb2 as pb
+
+    requests = []
+    for feed in feeds:
+        request = pb.ModelInferRequest(model_name=model)
+        for name, array in feed.items():
+            request.inputs.add(name=name, datatype=_v2_type(array), shape=array.shape)
+            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+        requests.append(request.SerializeToString())
+    return requests

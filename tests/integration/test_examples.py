@@ -67,3 +67,35 @@ def test_minilm_embeddings_are_unit_vectors(examples_server: RunningServer) -> N
     embedding = client.infer("minilm", infer_inputs).as_numpy("embedding")
     assert embedding.shape == (4, 384)
     np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["mlp", "lstm", "minilm"])
+def test_example_model_over_grpc_equals_http(examples_server: RunningServer, model: str) -> None:
+    import queue
+
+    import tritonclient.grpc as triton_grpc
+
+    feed = _inputs(model, 2, np.random.default_rng(21))
+    http_client = triton.InferenceServerClient(examples_server.url)
+    grpc_client = triton_grpc.InferenceServerClient(examples_server.grpc_url)
+    output = http_client.get_model_metadata(model)["outputs"][0]["name"]
+    http_inputs, grpc_inputs = [], []
+    for name, array in feed.items():
+        datatype = "FP32" if array.dtype == np.float32 else "INT64"
+        for module, bucket in ((triton, http_inputs), (triton_grpc, grpc_inputs)):
+            infer_input = module.InferInput(name, list(array.shape), datatype)
+            infer_input.set_data_from_numpy(array)
+            bucket.append(infer_input)
+    over_http = http_client.infer(model, http_inputs).as_numpy(output)
+    np.testing.assert_array_equal(grpc_client.infer(model, grpc_inputs).as_numpy(output), over_http)
+    answers: queue.Queue[tuple[object, object]] = queue.Queue()
+    grpc_client.async_infer(model, grpc_inputs, lambda result, error: answers.put((result, error)))
+    result, error = answers.get(timeout=60)
+    assert error is None
+    np.testing.assert_array_equal(result.as_numpy(output), over_http)  # type: ignore[attr-defined]
+    grpc_client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    grpc_client.async_stream_infer(model, grpc_inputs, request_id="s")
+    result, error = answers.get(timeout=60)
+    grpc_client.stop_stream()
+    assert error is None
+    np.testing.assert_array_equal(result.as_numpy(output), over_http)  # type: ignore[attr-defined]

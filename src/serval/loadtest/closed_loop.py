@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import httptools
 
-from serval.loadtest.stats import StepResult, summarize
+from serval.loadtest.stats import StepResult, summarize, window_share
 
 __all__ = ["StepResult", "encode_http_request", "run_closed_loop"]
 
@@ -273,7 +273,7 @@ class _Connection(asyncio.Protocol):
             if sent >= state.measure_from_ns and now <= state.stop_at_ns:
                 state.served += 1.0
             else:
-                state.served += _overlap(sent, now, state.measure_from_ns, state.stop_at_ns)
+                state.served += window_share(sent, now, state.measure_from_ns, state.stop_at_ns)
         else:
             state.errors[f"http_{status}"] += 1
         if self.parser.should_keep_alive():
@@ -292,12 +292,6 @@ class _Connection(asyncio.Protocol):
             self.state.errors["connection"] += 1
         if not self.closed.done():
             self.closed.set_result(None)
-
-
-def _overlap(sent_ns: int, done_ns: int, start_ns: int, stop_ns: int) -> float:
-    """The share of one request's life inside the measured window [start_ns, stop_ns)."""
-    inside = min(done_ns, stop_ns) - max(sent_ns, start_ns)
-    return max(0, inside) / max(1, done_ns - sent_ns)
 
 
 class _SamplingConnection(_Connection):

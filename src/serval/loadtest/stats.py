@@ -79,3 +79,9 @@ def _percentiles_ms(latencies_ns: np.ndarray) -> tuple[float, float, float, floa
     ms = latencies_ns.astype(np.float64) / 1e6
     p50, p90, p99, p999 = np.percentile(ms, [50, 90, 99, 99.9])
     return float(p50), float(p90), float(p99), float(p999), float(ms.mean())
+
+
+def window_share(sent_ns: int, done_ns: int, start_ns: int, stop_ns: int) -> float:
+    """The share of one request's life inside the measured window [start_ns, stop_ns)."""
+    inside = min(done_ns, stop_ns) - max(sent_ns, start_ns)
+    return max(0, inside) / max(1, done_ns - sent_ns)
