@@ -100,14 +100,20 @@ def corrupt(repository: Path, name: str = "corrupt") -> Path:
     return path
 
 
-def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 384) -> Path:
-    """FP32 [B,width] through `layers` dense+tanh layers: slow enough (~ms) to make batches form."""
+def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 384,
+          shared_weight: bool = False) -> Path:
+    """FP32 [B,width] through `layers` dense+tanh layers: slow enough (~ms) to make batches form.
+
+    shared_weight reuses one matrix in every layer: a long-running model in a small file.
+    """
     rng = np.random.default_rng(1)
     nodes, initializers, current = [], [], "x"
     for index in range(layers):
-        weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-        initializers.append(numpy_helper.from_array(weight, f"W{index}"))
-        nodes.append(helper.make_node("MatMul", [current, f"W{index}"], [f"h{index}"]))
+        weight_name = "W" if shared_weight else f"W{index}"
+        if index == 0 or not shared_weight:
+            weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+            initializers.append(numpy_helper.from_array(weight, weight_name))
+        nodes.append(helper.make_node("MatMul", [current, weight_name], [f"h{index}"]))
         nodes.append(helper.make_node("Tanh", [f"h{index}"], [f"a{index}"]))
         current = f"a{index}"
     nodes.append(helper.make_node("Identity", [current], ["y"]))
@@ -120,21 +126,6 @@ def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 3
     return _save(graph, repository, name, "max_batch_size: 128\n")
 
 
-def slow(repository: Path, name: str = "slow", layers: int = 60, width: int = 1024) -> Path:
-    """FP32 [B,width] through `layers` MatMul+Tanh sharing one weight: ~0.1-0.5 s at batch 128
-    while the file stays ~4 MB. Used to hold the engine busy in deadline/cancel tests."""
-    rng = np.random.default_rng(4)
-    weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-    nodes, current = [], "x"
-    for index in range(layers):
-        nodes.append(helper.make_node("MatMul", [current, "W"], [f"h{index}"]))
-        nodes.append(helper.make_node("Tanh", [f"h{index}"], [f"a{index}"]))
-        current = f"a{index}"
-    nodes.append(helper.make_node("Identity", [current], ["y"]))
-    graph = helper.make_graph(
-        nodes, name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])],
-        initializer=[numpy_helper.from_array(weight, "W")],
-    )
-    return _save(graph, repository, name, "max_batch_size: 128\n")
+def slow(repository: Path, name: str = "slow") -> Path:
+    """~0.1-0.5 s at batch 128 from a ~4 MB file: holds the engine busy in deadline tests."""
+    return heavy(repository, name, layers=60, width=1024, shared_weight=True)
