@@ -6,7 +6,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from serval.errors import ConfigError
 
@@ -31,6 +39,30 @@ class BatchingConfig(_Strict):
         return sorted(set(sizes))
 
 
+class VersionPolicy(_Strict):
+    """Which version folders serve: the `latest` N (default 1), `all`, or `specific` ones."""
+
+    latest: int | None = Field(None, ge=1)
+    all: bool = False
+    specific: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> VersionPolicy:
+        chosen = [self.latest is not None, self.all, self.specific is not None]
+        if sum(chosen) > 1:
+            raise ValueError("choose one of latest, all, specific")
+        return self
+
+    def select(self, versions: tuple[str, ...]) -> tuple[str, ...]:
+        """The versions (numeric strings, oldest first) this policy serves."""
+        if self.all:
+            return versions
+        if self.specific is not None:
+            wanted = {str(v) for v in self.specific}
+            return tuple(v for v in versions if v in wanted)
+        return versions[-(self.latest or 1):]
+
+
 class OnnxRuntimeConfig(_Strict):
     """ONNX Runtime session options (None = Serval's core-aware default)."""
 
@@ -50,6 +82,7 @@ class ModelConfig(_Strict):
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     instances: int = Field(1, ge=1, le=64)
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
 
@@ -63,23 +96,33 @@ class ServerConfig(_Strict):
     grpc_port: int = Field(8001, ge=0, le=65535, description="0 disables gRPC")
     grpc_max_message_mb: int = Field(256, ge=1, le=2047)
     workers: int = Field(1, ge=1, le=64)
+    model_control: Literal["all", "lazy", "explicit"] = "all"
+    memory_budget: ByteSize | None = Field(
+        None, description="evict least-recently-used idle models beyond this many bytes"
+    )
+    max_concurrent_loads: int = Field(2, ge=1, le=64)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-def load_model_config(path: Path) -> ModelConfig:
-    """Read and validate a config.yaml; a missing file means all defaults."""
-    if not path.exists():
+def load_model_config(path: Path, override: dict[str, object] | None = None) -> ModelConfig:
+    """Read and validate a config.yaml (missing: all defaults), then apply an override."""
+    if not path.exists() and not override:
         return ModelConfig()
+    raw = _read_yaml(path) if path.exists() else {}
+    try:
+        return ModelConfig.model_validate({**raw, **(override or {})})
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_first_problem(exc)}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, object]:
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a YAML mapping of settings")
-    try:
-        return ModelConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {_first_problem(exc)}") from None
+    return raw
 
 
 def _first_problem(exc: ValidationError) -> str:

@@ -11,10 +11,12 @@ from serval.backends.base import ModelMetadata, TensorSpec
 from serval.errors import InvalidInput, ModelNotReady, ServalError
 from serval.protocol.dtypes import v2_datatype
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
-from serval.repository.registry import ModelRegistry, ModelState, ServedModel
+from serval.repository.registry import ModelRegistry
+from serval.repository.served import ModelState, ServedModel
 
 SERVER_NAME = "serval"
-EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "parameters")
+EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_repository",
+              "parameters")
 
 
 class DataPlane:
@@ -36,12 +38,12 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 
-    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        served = self.registry.get(name, version)
-        metadata = _require_metadata(served)
+    async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        async with self.registry.acquire(name, version) as served:
+            metadata = _require_metadata(served)
         return {
             "name": name,
-            "versions": self._ready_versions(name),
+            "versions": self.registry.ready_versions(name),
             "platform": metadata.platform,
             "inputs": [spec.as_dict() for spec in metadata.inputs],
             "outputs": [spec.as_dict() for spec in metadata.outputs],
@@ -50,10 +52,10 @@ class DataPlane:
     def model_ready(self, name: str, version: str | None = None) -> bool:
         return self.registry.get(name, version).state is ModelState.READY
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's configuration as Triton's model_configuration extension shows it."""
-        served = self.registry.get(name, version)
-        metadata = _require_metadata(served)
+        async with self.registry.acquire(name, version) as served:
+            metadata = _require_metadata(served)
         config = served.spec.config if served.spec else None
         batch_dims = 1 if metadata.max_batch_size > 0 else 0
         return {
@@ -69,6 +71,17 @@ class DataPlane:
             },
             "instance_group": [{"count": config.instances if config else 1, "kind": "KIND_CPU"}],
         }
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every model version with its state and reason (Triton's repository index)."""
+        index = self.registry.index()
+        return [entry for entry in index if entry["state"] == "READY"] if ready_only else index
+
+    async def load_model(self, name: str, config_override: dict[str, Any] | None = None) -> None:
+        await self.registry.load(name, config_override)
+
+    async def unload_model(self, name: str) -> None:
+        await self.registry.unload(name)
 
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics extension: every model, or one model (all or one version)."""
@@ -105,12 +118,6 @@ class DataPlane:
             return InferResponse(
                 name, served.version, _select_outputs(outputs, request), request.id
             )
-
-    def _ready_versions(self, name: str) -> list[str]:
-        return [
-            v for v in self.registry.versions_of(name)
-            if self.registry.get(name, v).state is ModelState.READY
-        ]
 
 
 def validate_request(request: InferRequest, metadata: ModelMetadata, model: str) -> None:

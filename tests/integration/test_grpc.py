@@ -232,14 +232,6 @@ def test_engine_failure_is_internal_with_request_id(
     assert details.split("request id ")[1].split(";")[0] in server.log()
 
 
-def test_repository_rpcs_are_unimplemented_for_now(
-    stub: service_pb2_grpc.GRPCInferenceServiceStub
-) -> None:
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.RepositoryIndex(service_pb2.RepositoryIndexRequest())
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-
 def _slow_count(client: triton.InferenceServerClient) -> int:
     return int(client.get_inference_statistics("slow", as_json=True)["model_stats"][0]
                .get("inference_count", 0))

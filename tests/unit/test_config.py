@@ -104,3 +104,34 @@ def test_invalid_setting_names_the_file_and_the_field(tmp_path: Path, text: str,
     message = str(caught.value)
     assert message.startswith(f"{path}: ")
     assert f"field '{field}'" in message
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ({}, ("3",)),
+        ({"latest": 2}, ("2", "3")),
+        ({"all": True}, ("1", "2", "3")),
+        ({"specific": [1, 3, 9]}, ("1", "3")),
+    ],
+)
+def test_version_policy_selects_versions(policy: dict[str, object],
+                                         expected: tuple[str, ...]) -> None:
+    from serval.config import VersionPolicy
+
+    assert VersionPolicy.model_validate(policy).select(("1", "2", "3")) == expected
+
+
+def test_version_policy_takes_one_choice(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("version_policy:\n  latest: 2\n  all: true\n")
+    with pytest.raises(ConfigError, match="choose one of latest, all, specific"):
+        load_model_config(path)
+
+
+def test_config_override_is_validated_like_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("max_batch_size: 8\n")
+    assert load_model_config(path, {"max_batch_size": 4}).max_batch_size == 4
+    with pytest.raises(ConfigError, match="instances"):
+        load_model_config(path, {"instances": 0})

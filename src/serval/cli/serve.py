@@ -19,6 +19,14 @@ def serve_command(
     grpc_max_message_mb: int = typer.Option(
         256, "--grpc-max-message-mb", help="Largest gRPC message accepted or sent, in MiB."
     ),
+    model_control: str = typer.Option(
+        "all", "--model-control",
+        help="all: load every model at start; lazy: on first request; explicit: via the API.",
+    ),
+    memory_budget: str = typer.Option(
+        None, "--memory-budget", help="e.g. 2GiB: evict idle least-recently-used models beyond."
+    ),
+    max_concurrent_loads: int = typer.Option(2, "--max-concurrent-loads"),
     workers: int = typer.Option(
         1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
     ),
@@ -31,6 +39,8 @@ def serve_command(
         config = ServerConfig(
             repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
             grpc_max_message_mb=grpc_max_message_mb, workers=workers,
+            model_control=model_control, memory_budget=memory_budget,
+            max_concurrent_loads=max_concurrent_loads,
             log_level=log_level,
         )
     except ValidationError as exc:

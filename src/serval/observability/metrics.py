@@ -30,6 +30,34 @@ class ModelGauges:
     running_batches: int
 
 
+@dataclass(frozen=True, slots=True)
+class RegistryGauges:
+    """Server-wide model residency: loads, evictions, bytes held and the budget."""
+
+    loads: int
+    evictions: int
+    resident_bytes: int
+    budget_bytes: int | None
+
+
+class RegistryMetricsCollector(Collector):
+    """Model loads, evictions and resident bytes against the memory budget."""
+
+    def __init__(self, read: Callable[[], RegistryGauges]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = self._read()
+        yield CounterMetricFamily("serval_model_loads", "Model version loads", gauges.loads)
+        yield CounterMetricFamily("serval_model_evictions", "Versions evicted to fit the budget",
+                                  gauges.evictions)
+        yield GaugeMetricFamily("serval_resident_bytes", "Bytes held by loaded models",
+                                gauges.resident_bytes)
+        if gauges.budget_bytes is not None:
+            yield GaugeMetricFamily("serval_memory_budget_bytes", "The memory budget",
+                                    gauges.budget_bytes)
+
+
 class ModelMetricsCollector(Collector):
     """Turns every model's counters into metric families when Prometheus scrapes."""
 
@@ -80,10 +108,11 @@ class ModelMetricsCollector(Collector):
                     *histograms.values())
 
 
-def build_registry(collector: Collector) -> CollectorRegistry:
-    """A registry with Serval's model metrics plus process, platform and GC metrics."""
+def build_registry(*collectors: Collector) -> CollectorRegistry:
+    """A registry with Serval's collectors plus process, platform and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

@@ -18,13 +18,14 @@ class ModelDirectory:
     path: Path
     versions: tuple[str, ...]
 
-    def config(self) -> ModelConfig:
-        return load_model_config(self.path / MODEL_CONFIG_FILE)
+    def config(self, override: dict[str, object] | None = None) -> ModelConfig:
+        return load_model_config(self.path / MODEL_CONFIG_FILE, override)
 
-    def version_spec(self, version: str) -> ModelVersionSpec:
+    def version_spec(self, version: str, override: dict[str, object] | None = None
+                     ) -> ModelVersionSpec:
         if version not in self.versions:
             raise ConfigError(f"{self.path}: has no version {version}")
-        return ModelVersionSpec(self.name, version, self.path / version, self.config())
+        return ModelVersionSpec(self.name, version, self.path / version, self.config(override))
 
     def latest_spec(self) -> ModelVersionSpec:
         if not self.versions:
@@ -41,6 +42,19 @@ def scan_repository(root: Path) -> list[ModelDirectory]:
         if entry.is_dir() and not entry.name.startswith((".", "_")):
             models.append(ModelDirectory(entry.name, entry, _versions(entry)))
     return models
+
+
+def scan_model(root: Path, name: str) -> ModelDirectory | None:
+    """One model folder as it is on disk now (None when it is gone)."""
+    path = root / name
+    if not path.is_dir() or name.startswith((".", "_")) or "/" in name:
+        return None
+    return ModelDirectory(name, path, _versions(path))
+
+
+def version_bytes(path: Path) -> int:
+    """Bytes of every file in a version folder: the load's memory estimate."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def _versions(model_path: Path) -> tuple[str, ...]:

@@ -1,98 +1,114 @@
-"""Model lifecycle: load versions from the repository, serve them through batchers, unload."""
+"""Model lifecycle: which versions load (eagerly, lazily, on request), pins, LRU eviction by bytes.
+
+Every version folder a model's policy selects has a ServedModel entry, loaded or not. Loads run
+one per version at a time (concurrent first requests await the same load) and at most
+`max_concurrent_loads` at once. Under a memory budget, idle least-recently-used versions are
+evicted to make room; a pinned or busy version never is.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from serval.backends.base import Backend, LoadedModel, ModelVersionSpec
+from serval.backends.base import Backend
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
-from serval.observability.stats import ModelStats
-from serval.repository.layout import scan_repository
+from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
+from serval.repository.served import ModelState, ServedModel
 
 log = logging.getLogger(__name__)
 
-
-class ModelState(enum.Enum):
-    READY = "READY"
-    LOADING = "LOADING"
-    UNAVAILABLE = "UNAVAILABLE"
-
-
-@dataclass(slots=True)
-class ServedModel:
-    """A model version known to the server: loaded and batching, or why it is not."""
-
-    name: str
-    version: str
-    state: ModelState
-    reason: str = ""
-    spec: ModelVersionSpec | None = None
-    model: LoadedModel | None = None
-    batcher: Batcher | None = None
-    stats: ModelStats = field(init=False)
-    in_flight: int = 0
-
-    def __post_init__(self) -> None:
-        self.stats = ModelStats(self.name, self.version)
+ModelControl = Literal["all", "lazy", "explicit"]
 
 
 class ModelRegistry:
-    """Owns every loaded model; the data plane reaches models only through acquire()."""
+    """Owns every model version; the data plane reaches models only through acquire()."""
 
-    def __init__(self, root: Path, backends: dict[str, Backend]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        backends: dict[str, Backend],
+        *,
+        control: ModelControl = "all",
+        memory_budget_bytes: int | None = None,
+        max_concurrent_loads: int = 2,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.root = root
+        self.control = control
+        self.memory_budget_bytes = memory_budget_bytes
         self._backends = backends
+        self._clock = clock
+        self._load_slots = asyncio.Semaphore(max_concurrent_loads)
         self._models: dict[str, dict[str, ServedModel]] = {}
+        self._selected: dict[str, tuple[str, ...]] = {}  # versions each policy serves
+        self._overrides: dict[str, dict[str, object]] = {}
+        self.loads = 0
+        self.evictions = 0
 
-    async def load_all(self) -> None:
-        """Load the latest version of every model; one failure never stops the others."""
+    # start-up and the repository API ---------------------------------------------------------
+
+    async def start(self) -> None:
+        """Index the repository; with control 'all', load every model's served versions."""
         for directory in scan_repository(self.root):
-            version = directory.versions[-1] if directory.versions else "1"
-            served = ServedModel(directory.name, version, ModelState.LOADING)
-            self._models[directory.name] = {version: served}
-            try:
-                spec = directory.latest_spec()
-                await self._load(served, spec)
-            except Exception as exc:
-                self._mark_failed(served, exc)
+            self._track(directory)
+        if self.control == "all":
+            for name in list(self._models):
+                await self._load_versions(name)
 
-    async def _load(self, served: ServedModel, spec: ModelVersionSpec) -> None:
-        backend = self._backends.get(spec.config.backend)
-        if backend is None:
-            raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
-        model = await asyncio.to_thread(backend.load, spec)
-        served.spec, served.model = spec, model
-        served.batcher = Batcher(
-            model,
-            served.stats,
-            instances=spec.config.instances,
-            max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
-        )
-        served.state, served.reason = ModelState.READY, ""
-        log.info("model loaded", extra={"model": served.name, "version": served.version})
+    async def load(self, name: str, override: dict[str, object] | None = None) -> None:
+        """(Re)load a model from disk: new versions load and take over, retired ones drain.
 
-    def _mark_failed(self, served: ServedModel, exc: Exception) -> None:
-        served.state = ModelState.UNAVAILABLE
-        served.reason = f"load failed: {exc}"
-        log.error(
-            "model failed to load",
-            extra={"model": served.name, "version": served.version, "reason": str(exc)},
-        )
+        Raises ModelNotFound for a folder that is not there, ModelNotReady when a selected
+        version fails to load; then nothing is retired and the serving versions keep serving.
+        """
+        directory = scan_model(self.root, name)
+        if directory is None:
+            raise ModelNotFound(f"no model '{name}' in the repository {self.root}")
+        if override is not None:
+            self._overrides[name] = override
+        retired = self._track(directory)
+        if not self._selected[name]:
+            reasons = "; ".join(s.reason for s in self._models[name].values()) or (
+                "the version policy selects no version folder")
+            raise ModelNotReady(f"model '{name}' has nothing to load: {reasons}")
+        failures = await self._load_versions(name)
+        if failures:  # retire nothing: the versions already serving keep serving
+            raise ModelNotReady(f"model '{name}' failed to load: {'; '.join(failures)}")
+        for served in retired:
+            await self._retire(served, "retired: the version policy no longer selects it")
 
-    def get(self, name: str, version: str | None = None) -> ServedModel:
-        """The model version (latest when version is None); NotFound for unknown names."""
+    async def unload(self, name: str) -> None:
+        """Stop serving every version of a model once its in-flight requests finish."""
         versions = self._models.get(name)
         if versions is None:
             raise ModelNotFound(f"unknown model '{name}'")
-        if version is None or version == "":
-            return versions[max(versions, key=int)]
+        for served in versions.values():
+            await self._retire(served, "unloaded")
+
+    def index(self) -> list[dict[str, str]]:
+        """Every tracked version: name, version, state and reason (Triton's index format)."""
+        return [
+            {"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason}
+            for s in self.all_models()
+        ]
+
+    # request path ----------------------------------------------------------------------------
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        """The model version (None: the newest ready one, else the newest); NotFound if unknown."""
+        versions = self._models.get(name)
+        if not versions:
+            raise ModelNotFound(f"unknown model '{name}'")
+        if not version:
+            ready = [v for v in versions.values() if v.state is ModelState.READY]
+            return max(ready or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
             raise ModelNotFound(
@@ -102,12 +118,12 @@ class ModelRegistry:
 
     @asynccontextmanager
     async def acquire(self, name: str, version: str | None = None) -> AsyncIterator[ServedModel]:
-        """A ready model, pinned while the caller uses it."""
+        """A ready model version, loaded on demand where allowed, pinned while in use."""
         served = self.get(name, version)
         if served.state is not ModelState.READY:
-            reason = f": {served.reason}" if served.reason else ""
-            raise ModelNotReady(f"model '{name}' version {served.version} is not ready{reason}")
+            await self._load_on_demand(served)
         served.in_flight += 1
+        served.last_used_ns = self._clock()
         try:
             yield served
         finally:
@@ -119,6 +135,14 @@ class ModelRegistry:
     def versions_of(self, name: str) -> list[str]:
         return sorted(self._models.get(name, {}), key=int)
 
+    def ready_versions(self, name: str) -> list[str]:
+        return [v for v in self.versions_of(name)
+                if self._models[name][v].state is ModelState.READY]
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(s.memory_bytes for s in self.all_models() if s.state is ModelState.READY)
+
     async def drain(self) -> None:
         """Wait until every model's queue is empty and nothing runs."""
         await asyncio.gather(*(s.batcher.drain() for s in self.all_models() if s.batcher))
@@ -126,8 +150,141 @@ class ModelRegistry:
     async def close(self) -> None:
         """Stop every batcher and release every engine."""
         for served in self.all_models():
-            if served.batcher is not None:
-                await served.batcher.close()
-            if served.model is not None:
-                served.model.unload()
-            served.state, served.batcher, served.model = ModelState.UNAVAILABLE, None, None
+            await self._release(served, ModelState.UNAVAILABLE, "server stopped")
+
+    # loading ---------------------------------------------------------------------------------
+
+    def _track(self, directory: ModelDirectory) -> list[ServedModel]:
+        """Entries for the versions the policy serves; returns ready ones it no longer serves."""
+        name = directory.name
+        versions = self._models.setdefault(name, {})
+        try:
+            policy = directory.config(self._overrides.get(name)).version_policy
+            selected = policy.select(directory.versions)
+            problem = "" if directory.versions else f"{directory.path} has no version folder"
+        except ConfigError as exc:
+            selected, problem = directory.versions[-1:], str(exc)
+        self._selected[name] = selected
+        for version in selected or (("1",) if problem else ()):
+            served = versions.get(version)
+            if served is None or served.state is ModelState.UNAVAILABLE:
+                versions[version] = ServedModel(name, version, ModelState.UNAVAILABLE,
+                                                problem or "not loaded", auto_load=not problem
+                                                and self.control == "lazy")
+        return [s for v, s in versions.items() if v not in selected and s.state is
+                ModelState.READY]
+
+    async def _load_versions(self, name: str) -> list[str]:
+        """Load every selected version of a model that is not ready; returns failure reasons."""
+        failures = []
+        for version in self._selected.get(name, ()):
+            served = self._models[name][version]
+            try:
+                await self._ensure_loaded(served)
+            except ModelNotReady as exc:
+                failures.append(f"version {version}: {exc.message}")
+        return failures
+
+    async def _load_on_demand(self, served: ServedModel) -> None:
+        if served.state is ModelState.LOADING or served.auto_load:
+            await self._ensure_loaded(served)
+            return
+        reason = f": {served.reason}" if served.reason else ""
+        raise ModelNotReady(f"model '{served.name}' version {served.version} is not ready{reason}")
+
+    async def _ensure_loaded(self, served: ServedModel) -> None:
+        """Load once however many callers wait; ModelNotReady with the reason if it fails."""
+        if served.state is ModelState.READY:
+            return
+        if served.loading is None:
+            served.loading = asyncio.ensure_future(self._load(served))
+        await asyncio.shield(served.loading)
+        if not served.ready:  # re-read after the await: the load may have failed
+            raise ModelNotReady(
+                f"model '{served.name}' version {served.version} is not ready: {served.reason}"
+            )
+
+    async def _load(self, served: ServedModel) -> None:
+        previous = served.state
+        try:
+            async with self._load_slots:
+                served.state, served.reason = ModelState.LOADING, "loading"
+                await self._load_engine(served)
+        except ModelNotReady as exc:  # no room right now: transient, stays loadable
+            served.state, served.reason = previous, exc.message
+        except Exception as exc:
+            served.state, served.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
+            served.auto_load = False  # a broken version waits for an explicit load
+            log.error("model failed to load", extra={"model": served.name,
+                                                     "version": served.version,
+                                                     "reason": str(exc)})
+        finally:
+            served.loading = None
+
+    async def _load_engine(self, served: ServedModel) -> None:
+        directory = scan_model(self.root, served.name)
+        if directory is None:
+            raise ConfigError(f"{self.root / served.name}: model folder is gone")
+        spec = directory.version_spec(served.version, self._overrides.get(served.name))
+        backend = self._backends.get(spec.config.backend)
+        if backend is None:
+            raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
+        await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
+        model = await asyncio.to_thread(backend.load, spec)
+        served.spec, served.model, served.memory_bytes = spec, model, model.memory_bytes()
+        served.batcher = Batcher(
+            model, served.stats, instances=spec.config.instances,
+            max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
+        )
+        served.state, served.reason = ModelState.READY, ""
+        served.last_used_ns = self._clock()
+        self.loads += 1
+        log.info("model loaded", extra={"model": served.name, "version": served.version,
+                                        "bytes": served.memory_bytes})
+        await self._make_room(0, served)
+
+    # memory ----------------------------------------------------------------------------------
+
+    async def _make_room(self, needed_bytes: int, loading: ServedModel) -> None:
+        """Evict idle least-recently-used versions until needed_bytes more fit the budget."""
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return
+        if needed_bytes > budget:
+            raise ConfigError(f"model '{loading.name}' version {loading.version} needs "
+                              f"{needed_bytes} bytes; the memory budget is {budget} bytes")
+        while self.resident_bytes + needed_bytes > budget:
+            victims = [s for s in self.all_models()
+                       if s.state is ModelState.READY and s.idle and s is not loading]
+            if not victims:
+                if needed_bytes == 0:
+                    return  # loaded, slightly over budget; the next load will evict
+                raise ModelNotReady("the memory budget is full and every loaded model is busy; "
+                                    "retry shortly")
+            victim = min(victims, key=lambda s: s.last_used_ns)
+            self.evictions += 1
+            log.info("model evicted", extra={"model": victim.name, "version": victim.version,
+                                             "bytes": victim.memory_bytes})
+            await self._release(victim, ModelState.EVICTED, "evicted to fit the memory budget")
+            victim.auto_load = True
+
+    async def _retire(self, served: ServedModel, reason: str) -> None:
+        """Stop routing to a version, let its in-flight requests finish, then release it."""
+        served.auto_load = False
+        if served.state is not ModelState.READY:
+            served.state, served.reason = ModelState.UNAVAILABLE, reason
+            return
+        served.state, served.reason = ModelState.UNAVAILABLE, reason
+        while served.in_flight:
+            await asyncio.sleep(0.005)
+        await self._release(served, ModelState.UNAVAILABLE, reason)
+
+    async def _release(self, served: ServedModel, state: ModelState, reason: str) -> None:
+        """Mark the version not ready first (new requests go elsewhere), then free it."""
+        served.state, served.reason = state, reason
+        batcher, model = served.batcher, served.model
+        served.batcher, served.model, served.memory_bytes = None, None, 0
+        if batcher is not None:
+            await batcher.close()
+        if model is not None:
+            model.unload()

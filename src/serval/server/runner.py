@@ -17,8 +17,15 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
-from serval.observability.metrics import ModelGauges, ModelMetricsCollector, build_registry
-from serval.repository.registry import ModelRegistry, ModelState
+from serval.observability.metrics import (
+    ModelGauges,
+    ModelMetricsCollector,
+    RegistryGauges,
+    RegistryMetricsCollector,
+    build_registry,
+)
+from serval.repository.registry import ModelRegistry
+from serval.repository.served import ModelState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 
@@ -71,10 +78,19 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     sock = bind_socket(config.host, config.http_port, reuse_port)
     cores = max(1, available_cores() // config.workers)
     backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(cores)}
-    registry = ModelRegistry(config.repository, backends)
-    await registry.load_all()
+    registry = ModelRegistry(
+        config.repository, backends, control=config.model_control,
+        memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
+        max_concurrent_loads=config.max_concurrent_loads,
+    )
+    await registry.start()
     dataplane = DataPlane(registry)
-    metrics = build_registry(ModelMetricsCollector(lambda: _model_gauges(registry)))
+    metrics = build_registry(
+        ModelMetricsCollector(lambda: _model_gauges(registry)),
+        RegistryMetricsCollector(lambda: RegistryGauges(
+            registry.loads, registry.evictions, registry.resident_bytes,
+            registry.memory_budget_bytes)),
+    )
     app = HttpApp(dataplane, metrics)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
+import orjson
 from google.protobuf import json_format
 
 from serval.dataplane import DataPlane
-from serval.errors import ServalError
+from serval.errors import InvalidInput, ServalError
 from serval.server.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.grpc.proto import grpc_service_pb2 as pb
@@ -43,14 +43,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             ready=self.dataplane.model_ready(request.name, request.version or None)))
 
     async def ModelMetadata(self, request: Any, context: Context) -> Any:
-        return await _answer(context, "ModelMetadata", lambda: json_format.ParseDict(
-            self.dataplane.model_metadata(request.name, request.version or None),
-            pb.ModelMetadataResponse()))
+        metadata = await _await(context, "ModelMetadata", self.dataplane.model_metadata(
+            request.name, request.version or None))
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Context) -> Any:
-        return await _answer(context, "ModelConfig", lambda: json_format.ParseDict(
-            {"config": self.dataplane.model_config(request.name, request.version or None)},
-            pb.ModelConfigResponse()))
+        config = await _await(context, "ModelConfig", self.dataplane.model_config(
+            request.name, request.version or None))
+        return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
         return await _answer(context, "ModelStatistics", lambda: json_format.ParseDict(
@@ -81,13 +81,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 await reader
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
-        await _not_yet(context, "RepositoryIndex")
+        index = self.dataplane.repository_index(ready_only=request.ready)
+        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
-        await _not_yet(context, "RepositoryModelLoad")
+        override = None
+        if "config" in request.parameters:
+            override = await _answer(context, "RepositoryModelLoad",
+                                     lambda: _parse_override(request.parameters["config"]))
+        await _await(context, "RepositoryModelLoad",
+                     self.dataplane.load_model(request.model_name, override))
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
-        await _not_yet(context, "RepositoryModelUnload")
+        await _await(context, "RepositoryModelUnload",
+                     self.dataplane.unload_model(request.model_name))
+        return pb.RepositoryModelUnloadResponse()
 
     async def _infer(self, request: Any, deadline_ns: int | None) -> pb.ModelInferResponse:
         received_ns = time.perf_counter_ns()
@@ -137,9 +146,24 @@ async def _answer(context: Context, rpc: str, build: Callable[[], Reply]) -> Rep
     raise AssertionError("unreachable: abort raises")
 
 
-async def _not_yet(context: Context, rpc: str) -> None:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                        f"{rpc}: repository control is not available in this server yet")
+async def _await(context: Context, rpc: str, pending: Awaitable[Reply]) -> Reply:
+    """Await a data-plane call; domain errors become their status codes."""
+    try:
+        return await pending
+    except ServalError as exc:
+        await context.abort(*grpc_error(exc, rpc))
+    raise AssertionError("unreachable: abort raises")
+
+
+def _parse_override(parameter: Any) -> dict[str, Any]:
+    text = parameter.string_param or parameter.bytes_param.decode("utf-8", errors="replace")
+    try:
+        override = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(override, dict):
+        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
+    return override
 
 
 def _deadline_ns(context: Context) -> int | None:

@@ -51,6 +51,8 @@ class HttpApp:
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
                 return await self._model_route(method, parts[2:], headers, body)
+            if len(parts) >= 3 and parts[1] == "repository":
+                return await self._repository_route(method, parts[2:], body)
             return self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
@@ -85,10 +87,25 @@ class HttpApp:
             ready = self.dataplane.model_ready(name, version)
             return _json({"name": name, "ready": ready}, 200 if ready else 503)
         if action == "config":
-            return _json(self.dataplane.model_config(name, version))
+            return _json(await self.dataplane.model_config(name, version))
         if action == "stats":
             return _json(self.dataplane.statistics(name, version))
-        return _json(self.dataplane.model_metadata(name, version))
+        return _json(await self.dataplane.model_metadata(name, version))
+
+    async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:
+        """Triton's model repository extension: index, load (optional config), unload."""
+        if method != "POST":
+            return _method_not_allowed(method, "/v2/repository (use POST)")
+        params = _repository_parameters(body)
+        if parts == ["index"]:
+            return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
+        if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
+            if parts[2] == "load":
+                await self.dataplane.load_model(parts[1], _config_override(params))
+            else:
+                await self.dataplane.unload_model(parts[1])
+            return _status_only(200)
+        return _not_found(method, "/v2/repository/" + "/".join(parts))
 
     async def _infer(
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
@@ -116,6 +133,37 @@ def _split_model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
         return name, version, None
     action = rest[0] if rest else ""
     return name, version, action if action in _MODEL_ACTIONS else None
+
+
+def _repository_parameters(body: bytes) -> dict[str, Any]:
+    """The request's options: index takes {"ready": bool}, load {"parameters": {"config": ...}}."""
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    return {**doc, **parameters}
+
+
+def _config_override(params: dict[str, Any]) -> dict[str, Any] | None:
+    """A load's config override: a JSON object (or its text) of config.yaml settings."""
+    config = params.get("config")
+    if config is None:
+        return None
+    if isinstance(config, str):
+        try:
+            config = orjson.loads(config)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
+    return config
 
 
 def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes]:
