@@ -101,6 +101,7 @@ class ServerConfig(_Strict):
         None, description="evict least-recently-used idle models beyond this many bytes"
     )
     max_concurrent_loads: int = Field(2, ge=1, le=64)
+    poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

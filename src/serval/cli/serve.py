@@ -27,6 +27,10 @@ def serve_command(
         None, "--memory-budget", help="e.g. 2GiB: evict idle least-recently-used models beyond."
     ),
     max_concurrent_loads: int = typer.Option(2, "--max-concurrent-loads"),
+    poll_interval_s: float = typer.Option(
+        0.0, "--poll-interval-s",
+        help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
+    ),
     workers: int = typer.Option(
         1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
     ),
@@ -40,7 +44,7 @@ def serve_command(
             repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
             grpc_max_message_mb=grpc_max_message_mb, workers=workers,
             model_control=model_control, memory_budget=memory_budget,
-            max_concurrent_loads=max_concurrent_loads,
+            max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             log_level=log_level,
         )
     except ValidationError as exc:

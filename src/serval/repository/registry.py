@@ -21,6 +21,8 @@ from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.served import ModelState, ServedModel
+from serval.repository.store import serving_version, verify_version
+from serval.repository.warmup import warmup_inputs
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,9 @@ class ModelRegistry:
         versions = self._models.setdefault(name, {})
         try:
             policy = directory.config(self._overrides.get(name)).version_policy
-            selected = policy.select(directory.versions)
+            pinned = serving_version(directory.path)
+            selected = (pinned,) if pinned in directory.versions else policy.select(
+                directory.versions)
             problem = "" if directory.versions else f"{directory.path} has no version folder"
         except ConfigError as exc:
             selected, problem = directory.versions[-1:], str(exc)
@@ -229,8 +233,16 @@ class ModelRegistry:
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
+        corrupted = await asyncio.to_thread(verify_version, spec.path)
+        if corrupted:
+            raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
         await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
         model = await asyncio.to_thread(backend.load, spec)
+        try:
+            await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
+        except Exception as exc:
+            model.unload()
+            raise ConfigError(f"warm-up inference failed: {exc}") from exc
         served.spec, served.model, served.memory_bytes = spec, model, model.memory_bytes()
         served.batcher = Batcher(
             model, served.stats, instances=spec.config.instances,

@@ -26,6 +26,7 @@ from serval.observability.metrics import (
 )
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
+from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 
@@ -84,6 +85,9 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         max_concurrent_loads=config.max_concurrent_loads,
     )
     await registry.start()
+    watcher = None
+    if config.poll_interval_s > 0:
+        watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
     dataplane = DataPlane(registry)
     metrics = build_registry(
         ModelMetricsCollector(lambda: _model_gauges(registry)),
@@ -108,6 +112,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     await stop.wait()
     log.info("shutting down: finishing in-flight requests", extra={"pid": os.getpid()})
     dataplane.set_ready(False)
+    if watcher is not None:
+        watcher.cancel()
     server.close()
     await asyncio.gather(
         tracker.shutdown(GRACEFUL_SHUTDOWN_S),

@@ -1,0 +1,114 @@
+"""`serval repo`: publish versions as snapshots, list them, roll back, verify checksums."""
+
+from __future__ import annotations
+
+import functools
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from serval.errors import ConfigError
+from serval.repository import store
+
+T = TypeVar("T")
+
+app = typer.Typer(help="Versioned snapshots of models: publish, history, rollback, verify.",
+                  no_args_is_help=True)
+REPOSITORY = typer.Option(..., "--repository", "-r", help="Model repository folder.")
+SERVER = typer.Option(None, "--server", help="host:port of a running Serval to reload now.")
+
+
+@app.command("publish")
+def publish_command(
+    source: Path = typer.Argument(..., help="Model file or folder to publish."),
+    repository: Path = REPOSITORY,
+    model: str = typer.Option(..., "--model", "-m", help="Model name in the repository."),
+    note: str = typer.Option("", help="Where this version came from (stored in the manifest)."),
+    report: Path = typer.Option(None, help="A JSON parity report to store with the version."),
+    server: str = SERVER,
+) -> None:
+    """Write SOURCE as the model's next version: atomically, with a checksum manifest."""
+    report_doc = _read_report(report) if report else None
+    version = _run(lambda: store.publish(source, repository, model, note=note, report=report_doc))
+    typer.echo(f"published {model} version {version}")
+    _reload(server, model)
+
+
+@app.command("history")
+def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY) -> None:
+    """Every version of MODEL, oldest first; the serving one is marked."""
+    records = _run(lambda: store.history(repository, model))
+    table = Table("version", "serving", "created", "source", "files")
+    for record in records:
+        table.add_row(record.version, "*" if record.serving else "", record.created_at,
+                      record.source, str(len(record.files)))
+    Console().print(table)
+
+
+@app.command("rollback")
+def rollback_command(
+    model: str = typer.Argument(...),
+    repository: Path = REPOSITORY,
+    to: str = typer.Option(None, "--to", help="Version to serve (default: the previous one)."),
+    server: str = SERVER,
+) -> None:
+    """Serve an earlier version of MODEL; recorded in the repository, so it survives restarts."""
+    version = _run(lambda: store.rollback(repository, model, to))
+    typer.echo(f"{model} now serves version {version}")
+    _reload(server, model)
+
+
+@app.command("verify")
+def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
+    """Check every version's files against its manifest; exits 1 if any is corrupted."""
+    models = [model] if model else sorted(p.name for p in repository.iterdir() if p.is_dir()
+                                          and not p.name.startswith((".", "_")))
+    bad = 0
+    for name in models:
+        for record in _run(functools.partial(store.history, repository, name)):
+            problems = store.verify_version(repository / name / record.version)
+            status = "corrupted: " + ", ".join(problems) if problems else "ok"
+            bad += bool(problems)
+            typer.echo(f"{name} version {record.version}: {status}")
+    if bad:
+        raise typer.Exit(1)
+
+
+def _run(action: Callable[[], T]) -> T:
+    """Run a store action; a ConfigError is the CLI's one-line failure (exit 2)."""
+    try:
+        return action()
+    except ConfigError as exc:
+        typer.echo(f"serval: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _read_report(path: Path) -> dict[str, object]:
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        typer.echo(f"serval: cannot read report {path}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return doc if isinstance(doc, dict) else {"report": doc}
+
+
+def _reload(server: str | None, model: str) -> None:
+    if not server:
+        return
+    url = f"http://{server}/v2/repository/models/{model}/load"
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120)
+    except urllib.error.HTTPError as exc:
+        typer.echo(f"serval: the server refused the reload: {exc.read().decode()}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        typer.echo(f"serval: cannot reach the server at {server}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{server} reloaded {model}")

@@ -1,0 +1,54 @@
+"""Polls the repository so a running server picks up publishes, rollbacks and config edits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from serval.errors import ServalError
+from serval.repository.registry import ModelRegistry
+from serval.repository.store import SERVING_FILE
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[tuple[str, ...], float, float]
+
+
+def model_signature(model_dir: Path) -> Signature:
+    """What a reload depends on: version folders, serving.json and config.yaml times."""
+    versions = tuple(sorted(p.name for p in model_dir.iterdir() if p.name.isdigit()))
+    return versions, _mtime(model_dir / SERVING_FILE), _mtime(model_dir / "config.yaml")
+
+
+async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
+    """Reload (hot swap) every model whose folder changed since the last look; runs forever."""
+    seen = _signatures(registry.root)
+    while True:
+        await asyncio.sleep(interval_s)
+        current = _signatures(registry.root)
+        for name, signature in current.items():
+            if seen.get(name) != signature and _tracked_or_eager(registry, name):
+                try:
+                    await registry.load(name)
+                    log.info("model reloaded from the repository", extra={"model": name})
+                except ServalError as exc:
+                    log.error("reload failed; serving versions keep serving",
+                              extra={"model": name, "reason": exc.message})
+        seen = current
+
+
+def _tracked_or_eager(registry: ModelRegistry, name: str) -> bool:
+    return registry.control == "all" or bool(registry.ready_versions(name))
+
+
+def _signatures(root: Path) -> dict[str, Signature]:
+    return {p.name: model_signature(p) for p in root.iterdir()
+            if p.is_dir() and not p.name.startswith((".", "_"))}
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0

@@ -1,0 +1,92 @@
+"""Publish, rollback and verify through the CLI against real servers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import call, infer
+
+pytestmark = pytest.mark.integration
+
+X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
+
+
+def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def _publish_linears(tmp_path: Path, repository: Path, seeds: list[int]) -> None:
+    for seed in seeds:
+        built = fixture_models.linear(tmp_path / f"build{seed}", seed=seed)
+        result = _serval("repo", "publish", str(built), "--repository", str(repository),
+                         "--model", "clf", "--note", f"seed {seed}")
+        assert result.returncode == 0, result.stderr
+    (repository / "clf" / "config.yaml").write_text("max_batch_size: 8\n")
+
+
+def _version(server: RunningServer) -> str:
+    return str(infer(server.url, "clf", X).json()["model_version"])
+
+
+def test_rollback_survives_a_restart(server_factory: Callable[..., RunningServer],
+                                     tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1, 2])
+    first = server_factory(repository)
+    assert _version(first) == "2"
+    result = _serval("repo", "rollback", "clf", "--repository", str(repository))
+    assert result.returncode == 0 and "now serves version 1" in result.stdout
+    assert first.stop() == 0
+    assert _version(server_factory(repository)) == "1"
+    history = _serval("repo", "history", "clf", "--repository", str(repository)).stdout
+    assert "seed 1" in history and "seed 2" in history
+
+
+def test_a_running_server_picks_up_publish_and_rollback(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1])
+    server = server_factory(repository, "--poll-interval-s", "0.1")
+    assert _version(server) == "1"
+    _publish_linears(tmp_path, repository, [2])
+    _wait_for_version(server, "2")
+    assert _serval("repo", "rollback", "clf", "--repository", str(repository)).returncode == 0
+    _wait_for_version(server, "1")
+
+
+def test_a_corrupted_version_is_refused_never_served(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1])
+    server = server_factory(repository)
+    _publish_linears(tmp_path, repository, [2])
+    (repository / "clf" / "2" / "model.onnx").write_bytes(b"tampered")
+    reply = call(server.url, "POST", "/v2/repository/models/clf/load")
+    assert reply.status == 503 and "does not match its manifest" in reply.error
+    assert _version(server) == "1"
+    verify = _serval("repo", "verify", "--repository", str(repository))
+    assert verify.returncode == 1 and "version 2: corrupted" in verify.stdout
+
+
+def test_repo_cli_failures_are_one_line(tmp_path: Path) -> None:
+    result = _serval("repo", "rollback", "nope", "--repository", str(tmp_path))
+    assert result.returncode == 2 and "no such model" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def _wait_for_version(server: RunningServer, version: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _version(server) != version:
+        assert time.monotonic() < deadline, f"version {version} never started serving"
+        time.sleep(0.05)
