@@ -28,7 +28,7 @@ def test_publish_numbers_versions_and_writes_a_manifest(tmp_path: Path) -> None:
     assert (repository / "m" / "2" / "model.onnx").read_bytes() == b"two"
     assert not [p for p in (repository / "m").iterdir() if p.name.startswith(".")]
     records = store.history(repository, "m")
-    assert [(r.version, r.serving, r.source) for r in records][0] == ("1", False, "run 1")
+    assert (records[0].version, records[0].serving, records[0].source) == ("1", False, "run 1")
     assert records[-1].serving
 
 
