@@ -19,6 +19,7 @@ from pydantic import (
 from serval.errors import ConfigError
 
 MODEL_CONFIG_FILE = "config.yaml"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
 class _Strict(BaseModel):
@@ -101,6 +102,7 @@ class ServerConfig(_Strict):
         None, description="evict least-recently-used idle models beyond this many bytes"
     )
     max_concurrent_loads: int = Field(2, ge=1, le=64)
+    metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -118,7 +120,7 @@ def load_model_config(path: Path, override: dict[str, object] | None = None) -> 
 
 def _read_yaml(path: Path) -> dict[str, object]:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
 DEFAULT_MAX_BATCH_SIZE = 64
+# Below this file size an op is too small for a second thread to pay off, and each extra
+# intra-op thread is an OS thread per session (10,000 models would mean 10,000 threads).
+SMALL_MODEL_BYTES = 2 * 1024 * 1024
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
@@ -34,22 +37,24 @@ class OnnxRuntimeBackend:
         model_file = spec.path / MODEL_FILE
         if not model_file.is_file():
             raise ConfigError(f"{model_file}: model file not found")
-        sessions = [self._session(model_file, spec.config) for _ in range(spec.config.instances)]
+        small = model_file.stat().st_size < SMALL_MODEL_BYTES
+        sessions = [self._session(model_file, spec.config, small)
+                    for _ in range(spec.config.instances)]
         metadata = read_metadata(sessions[0], spec.config, str(model_file))
         size_bytes = model_file.stat().st_size * len(sessions)
         return OnnxModel(sessions, metadata, size_bytes)
 
-    def _session(self, model_file: Any, config: ModelConfig) -> Any:
+    def _session(self, model_file: Any, config: ModelConfig, small: bool) -> Any:
         import onnxruntime as ort
 
-        options = session_options(config.onnxruntime, self._intra_threads(config))
+        options = session_options(config.onnxruntime, self._intra_threads(config, small))
         providers = execution_providers(config, ort.get_available_providers())
         return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
 
-    def _intra_threads(self, config: ModelConfig) -> int:
+    def _intra_threads(self, config: ModelConfig, small: bool) -> int:
         if config.onnxruntime.intra_op_threads is not None:
             return config.onnxruntime.intra_op_threads
-        return max(1, self.cores // config.instances)
+        return 1 if small else max(1, self.cores // config.instances)
 
 
 class OnnxModel:

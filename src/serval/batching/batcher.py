@@ -32,6 +32,9 @@ Clock = Callable[[], int]
 class Batcher:
     """One queue per model; `instances` consumer tasks each run one batch at a time.
 
+    Engine calls run on `executor` (shared across models by the registry, so thousands of
+    models do not mean thousands of threads), or on a pool of `instances` threads of its own.
+
     A consumer that finds the queue non-empty takes what is there at once (with
     max_queue_delay_ms 0), so an idle engine adds no delay and a busy one gathers
     everything that queued while it ran into the next batch.
@@ -44,6 +47,7 @@ class Batcher:
         *,
         instances: int = 1,
         max_queue_delay_ms: float = 0.0,
+        executor: ThreadPoolExecutor | None = None,
         clock: Clock = time.perf_counter_ns,
     ) -> None:
         self._model = model
@@ -60,7 +64,9 @@ class Batcher:
         self._idle.set()
         self._running = 0
         self._closed = False
-        self._executor = ThreadPoolExecutor(instances, thread_name_prefix=f"engine-{stats.name}")
+        self._owns_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(
+            instances, thread_name_prefix=f"engine-{stats.name}")
         self._consumers = [asyncio.create_task(self._consume()) for _ in range(instances)]
 
     @property
@@ -107,7 +113,8 @@ class Batcher:
             if not request.future.done():
                 request.future.set_exception(ServerUnavailable("the model was unloaded"))
         self._queued_rows = 0
-        self._executor.shutdown(wait=True)
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)
 
     async def _consume(self) -> None:
         while True:

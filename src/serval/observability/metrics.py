@@ -58,11 +58,32 @@ class RegistryMetricsCollector(Collector):
                                     gauges.budget_bytes)
 
 
-class ModelMetricsCollector(Collector):
-    """Turns every model's counters into metric families when Prometheus scrapes."""
+OTHER_MODELS = "_other"
 
-    def __init__(self, models: Callable[[], Iterable[ModelGauges]]) -> None:
+
+class ModelMetricsCollector(Collector):
+    """Turns models' counters into metric families when Prometheus scrapes.
+
+    Cardinality stays bounded with thousands of models: the `top_k` busiest versions get
+    their own series, all others are summed into model="_other".
+    """
+
+    def __init__(self, models: Callable[[], Iterable[ModelGauges]], top_k: int = 100) -> None:
         self._models = models
+        self.top_k = top_k
+
+    def _bounded(self) -> list[ModelGauges]:
+        models = list(self._models())
+        if len(models) <= self.top_k:
+            return models
+        models.sort(key=lambda m: m.stats.requests, reverse=True)
+        rest = models[self.top_k:]
+        other = ModelStats(OTHER_MODELS, "")
+        for model in rest:
+            other.absorb(model.stats)
+        return [*models[:self.top_k], ModelGauges(
+            other, sum(m.memory_bytes for m in rest), any(m.ready for m in rest),
+            sum(m.pending_requests for m in rest), sum(m.running_batches for m in rest))]
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -91,7 +112,7 @@ class ModelMetricsCollector(Collector):
                                           "Time of one batch: merge, engine run, split"),
             "batch_size": _histogram("serval_batch_size", "Rows per engine run"),
         }
-        for model in self._models():
+        for model in self._bounded():
             stats = model.stats
             labels = [stats.name, stats.version]
             for outcome, count in sorted(stats.outcomes.items()):

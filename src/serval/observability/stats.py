@@ -30,6 +30,13 @@ class Histogram:
         self.sum += value
         self.count += 1
 
+    def add(self, other: Histogram) -> None:
+        """Fold another histogram with the same buckets into this one."""
+        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts,
+                                                              strict=True)]
+        self.sum += other.sum
+        self.count += other.count
+
     def cumulative(self) -> list[tuple[str, int]]:
         """(le, cumulative count) pairs as Prometheus exposes them, +Inf last."""
         pairs, running = [], 0
@@ -83,6 +90,19 @@ class ModelStats:
         self.queue_seconds = Histogram(LATENCY_BUCKETS_S)
         self.compute_seconds = Histogram(LATENCY_BUCKETS_S)
         self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
+
+    @property
+    def requests(self) -> int:
+        return sum(self.outcomes.values())
+
+    def absorb(self, other: ModelStats) -> None:
+        """Add another model's counters to these (for aggregate series)."""
+        for outcome, count in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + count
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        for name in ("request_seconds", "queue_seconds", "compute_seconds", "batch_size"):
+            getattr(self, name).add(getattr(other, name))
 
     def record_request(self, outcome: str, duration_ns: int) -> None:
         """A finished request: 'success' or the error code that ended it."""

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,7 @@ class ModelRegistry:
         control: ModelControl = "all",
         memory_budget_bytes: int | None = None,
         max_concurrent_loads: int = 2,
+        engine_threads: int = 8,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.root = root
@@ -48,6 +50,9 @@ class ModelRegistry:
         self._backends = backends
         self._clock = clock
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        # Every model's engine calls share this pool: concurrency is bounded by each
+        # batcher's `instances`, threads by this size, whatever the number of models.
+        self._engine_pool = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
         self._models: dict[str, dict[str, ServedModel]] = {}
         self._selected: dict[str, tuple[str, ...]] = {}  # versions each policy serves
         self._overrides: dict[str, dict[str, object]] = {}
@@ -153,6 +158,7 @@ class ModelRegistry:
         """Stop every batcher and release every engine."""
         for served in self.all_models():
             await self._release(served, ModelState.UNAVAILABLE, "server stopped")
+        self._engine_pool.shutdown(wait=True)
 
     # loading ---------------------------------------------------------------------------------
 
@@ -247,6 +253,7 @@ class ModelRegistry:
         served.batcher = Batcher(
             model, served.stats, instances=spec.config.instances,
             max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
+            executor=self._engine_pool,
         )
         served.state, served.reason = ModelState.READY, ""
         served.last_used_ns = self._clock()

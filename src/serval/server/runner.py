@@ -83,6 +83,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         config.repository, backends, control=config.model_control,
         memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
         max_concurrent_loads=config.max_concurrent_loads,
+        engine_threads=max(8, 2 * cores),
     )
     await registry.start()
     watcher = None
@@ -90,7 +91,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
     dataplane = DataPlane(registry)
     metrics = build_registry(
-        ModelMetricsCollector(lambda: _model_gauges(registry)),
+        ModelMetricsCollector(lambda: _model_gauges(registry), top_k=config.metrics_top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
             registry.memory_budget_bytes)),

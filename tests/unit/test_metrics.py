@@ -1,0 +1,44 @@
+"""Prometheus families from model counters: bounded cardinality with many models."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from serval.observability.metrics import (
+    OTHER_MODELS,
+    ModelGauges,
+    ModelMetricsCollector,
+    build_registry,
+)
+from serval.observability.stats import ModelStats
+
+pytestmark = pytest.mark.unit
+
+
+def _model(name: str, requests: int) -> ModelGauges:
+    stats = ModelStats(name, "1")
+    for _ in range(requests):
+        stats.record_request("success", 1_000_000)
+    stats.record_execution(rows=requests, requests=requests, input_ns=1, infer_ns=1, output_ns=1)
+    return ModelGauges(stats, memory_bytes=10, ready=True, pending_requests=0,
+                       running_batches=0)
+
+
+def test_only_the_busiest_models_get_their_own_series() -> None:
+    models = [_model(f"m{i}", requests=i) for i in range(1, 51)]
+    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, top_k=5)))
+    lines = text.decode().splitlines()
+    named = {line.split('model="')[1].split('"')[0] for line in lines if 'model="' in line}
+    assert named == {"m46", "m47", "m48", "m49", "m50", OTHER_MODELS}
+    other = f'serval_requests_total{{model="{OTHER_MODELS}",outcome="success",version=""}}'
+    assert f"{other} {float(sum(range(1, 46)))}" in lines  # exact sum of the other 45
+    count = f'serval_request_duration_seconds_count{{model="{OTHER_MODELS}",version=""}}'
+    assert f"{count} {float(sum(range(1, 46)))}" in lines
+    assert f'serval_model_memory_bytes{{model="{OTHER_MODELS}",version=""}} 450.0' in lines
+
+
+def test_few_models_are_all_listed() -> None:
+    models = [_model("a", 1), _model("b", 2)]
+    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, top_k=5)))
+    assert OTHER_MODELS not in text.decode()
