@@ -23,6 +23,7 @@ from serval.errors import ConfigError, ModelNotFound, ModelNotReady
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import serving_version, verify_version
+from serval.repository.memory import return_freed_memory
 from serval.repository.warmup import warmup_inputs
 
 log = logging.getLogger(__name__)
@@ -286,6 +287,7 @@ class ModelRegistry:
                                              "bytes": victim.memory_bytes})
             await self._release(victim, ModelState.EVICTED, "evicted to fit the memory budget")
             victim.auto_load = True
+            return_freed_memory()
 
     async def _retire(self, served: ServedModel, reason: str) -> None:
         """Stop routing to a version, let its in-flight requests finish, then release it."""
