@@ -33,8 +33,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import servers  # noqa: E402
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop  # noqa: E402
+from bench import servers
+from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
 
 IN, HIDDEN, OUT = 384, 256, 32
 WEIGHT_BYTES = (IN * HIDDEN + HIDDEN * OUT) * 4
