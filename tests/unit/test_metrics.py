@@ -16,8 +16,11 @@ from serval.observability.stats import ModelStats
 pytestmark = pytest.mark.unit
 
 
-def _model(name: str, requests: int) -> ModelGauges:
-    stats = ModelStats(name, "1")
+TOTALS = ModelStats("_all", "")
+
+
+def _model(name: str, requests: int, totals: ModelStats = TOTALS) -> ModelGauges:
+    stats = ModelStats(name, "1", totals)
     for _ in range(requests):
         stats.record_request("success", 1_000_000)
     stats.record_execution(rows=requests, requests=requests, input_ns=1, infer_ns=1, output_ns=1)
@@ -26,8 +29,10 @@ def _model(name: str, requests: int) -> ModelGauges:
 
 
 def test_only_the_busiest_models_get_their_own_series() -> None:
-    models = [_model(f"m{i}", requests=i) for i in range(1, 51)]
-    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, top_k=5)))
+    totals = ModelStats("_all", "")
+    models = [_model(f"m{i}", requests=i, totals=totals) for i in range(1, 51)]
+    collector = ModelMetricsCollector(lambda: models, totals, top_k=5)
+    text = generate_latest(build_registry(collector))
     lines = text.decode().splitlines()
     named = {line.split('model="')[1].split('"')[0] for line in lines if 'model="' in line}
     assert named == {"m46", "m47", "m48", "m49", "m50", OTHER_MODELS}
@@ -40,5 +45,5 @@ def test_only_the_busiest_models_get_their_own_series() -> None:
 
 def test_few_models_are_all_listed() -> None:
     models = [_model("a", 1), _model("b", 2)]
-    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, top_k=5)))
+    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, TOTALS, top_k=5)))
     assert OTHER_MODELS not in text.decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -68,20 +69,22 @@ class ModelMetricsCollector(Collector):
     their own series, all others are summed into model="_other".
     """
 
-    def __init__(self, models: Callable[[], Iterable[ModelGauges]], top_k: int = 100) -> None:
+    def __init__(self, models: Callable[[], Iterable[ModelGauges]], totals: ModelStats,
+                 top_k: int = 100) -> None:
         self._models = models
+        self._totals = totals  # every model's counters summed as they are recorded
         self.top_k = top_k
 
     def _bounded(self) -> list[ModelGauges]:
+        """The top_k busiest versions, plus `_other` = totals less them: O(K) histogram work."""
         models = list(self._models())
         if len(models) <= self.top_k:
             return models
-        models.sort(key=lambda m: m.stats.requests, reverse=True)
-        rest = models[self.top_k:]
-        other = ModelStats(OTHER_MODELS, "")
-        for model in rest:
-            other.absorb(model.stats)
-        return [*models[:self.top_k], ModelGauges(
+        top = heapq.nlargest(self.top_k, models, key=lambda m: m.stats.requests)
+        chosen = {id(m) for m in top}
+        rest = [m for m in models if id(m) not in chosen]
+        other = self._totals.minus([m.stats for m in top], OTHER_MODELS)
+        return [*top, ModelGauges(
             other, sum(m.memory_bytes for m in rest), any(m.ready for m in rest),
             sum(m.pending_requests for m in rest), sum(m.running_batches for m in rest))]
 

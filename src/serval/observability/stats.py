@@ -30,12 +30,12 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def add(self, other: Histogram) -> None:
-        """Fold another histogram with the same buckets into this one."""
-        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts,
-                                                              strict=True)]
-        self.sum += other.sum
-        self.count += other.count
+    def add(self, other: Histogram, sign: int = 1) -> None:
+        """Fold another histogram with the same buckets into this one (sign -1: take it out)."""
+        self.counts = [mine + sign * theirs
+                       for mine, theirs in zip(self.counts, other.counts, strict=True)]
+        self.sum += sign * other.sum
+        self.count += sign * other.count
 
     def cumulative(self) -> list[tuple[str, int]]:
         """(le, cumulative count) pairs as Prometheus exposes them, +Inf last."""
@@ -70,11 +70,15 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+_HISTOGRAMS = ("request_seconds", "queue_seconds", "compute_seconds", "batch_size")
+
+
 class ModelStats:
     """Everything measured about one model version since it was loaded."""
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, totals: ModelStats | None = None) -> None:
         self.name, self.version = name, version
+        self.totals = totals  # server-wide sums this model also feeds (metrics only)
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference_ms = 0
@@ -95,24 +99,36 @@ class ModelStats:
     def requests(self) -> int:
         return sum(self.outcomes.values())
 
-    def absorb(self, other: ModelStats) -> None:
-        """Add another model's counters to these (for aggregate series)."""
-        for outcome, count in other.outcomes.items():
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + count
-        self.inference_count += other.inference_count
-        self.execution_count += other.execution_count
-        for name in ("request_seconds", "queue_seconds", "compute_seconds", "batch_size"):
-            getattr(self, name).add(getattr(other, name))
+    def minus(self, others: list[ModelStats], name: str) -> ModelStats:
+        """These metric counters less the others' (for an 'everything else' series)."""
+        rest = ModelStats(name, "")
+        rest.outcomes = dict(self.outcomes)
+        rest.inference_count, rest.execution_count = self.inference_count, self.execution_count
+        for attribute in _HISTOGRAMS:
+            getattr(rest, attribute).add(getattr(self, attribute))
+        for other in others:
+            for outcome, count in other.outcomes.items():
+                rest.outcomes[outcome] = rest.outcomes.get(outcome, 0) - count
+            rest.inference_count -= other.inference_count
+            rest.execution_count -= other.execution_count
+            for attribute in _HISTOGRAMS:
+                getattr(rest, attribute).add(getattr(other, attribute), sign=-1)
+        return rest
 
     def record_request(self, outcome: str, duration_ns: int) -> None:
         """A finished request: 'success' or the error code that ended it."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         (self.success if outcome == "success" else self.fail).add(duration_ns)
         self.request_seconds.observe(duration_ns * 1e-9)
+        if self.totals is not None:
+            self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
+            self.totals.request_seconds.observe(duration_ns * 1e-9)
 
     def record_queue(self, duration_ns: int) -> None:
         self.queue.add(duration_ns)
         self.queue_seconds.observe(duration_ns * 1e-9)
+        if self.totals is not None:
+            self.totals.queue_seconds.observe(duration_ns * 1e-9)
 
     def record_execution(
         self, rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int
@@ -132,6 +148,11 @@ class ModelStats:
         batch.compute_output.add(output_ns)
         self.compute_seconds.observe((input_ns + infer_ns + output_ns) * 1e-9)
         self.batch_size.observe(rows)
+        if self.totals is not None:
+            self.totals.execution_count += 1
+            self.totals.inference_count += rows
+            self.totals.compute_seconds.observe((input_ns + infer_ns + output_ns) * 1e-9)
+            self.totals.batch_size.observe(rows)
 
     def as_triton_dict(self) -> dict[str, object]:
         """The model_stats entry of Triton's statistics extension."""

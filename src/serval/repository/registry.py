@@ -20,10 +20,11 @@ from typing import Literal
 from serval.backends.base import Backend
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
+from serval.observability.stats import ModelStats
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
+from serval.repository.memory import MemoryKeeper
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import serving_version, verify_version
-from serval.repository.memory import return_freed_memory
 from serval.repository.warmup import warmup_inputs
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class ModelRegistry:
         self._backends = backends
         self._clock = clock
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        self._memory = MemoryKeeper()
         # Every model's engine calls share this pool: concurrency is bounded by each
         # batcher's `instances`, threads by this size, whatever the number of models.
         self._engine_pool = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
@@ -59,6 +61,7 @@ class ModelRegistry:
         self._overrides: dict[str, dict[str, object]] = {}
         self.loads = 0
         self.evictions = 0
+        self.totals = ModelStats("_all", "")  # every version's metric counters, summed
 
     # start-up and the repository API ---------------------------------------------------------
 
@@ -179,9 +182,9 @@ class ModelRegistry:
         for version in selected or (("1",) if problem else ()):
             served = versions.get(version)
             if served is None or served.state is ModelState.UNAVAILABLE:
-                versions[version] = ServedModel(name, version, ModelState.UNAVAILABLE,
-                                                problem or "not loaded", auto_load=not problem
-                                                and self.control == "lazy")
+                versions[version] = ServedModel(
+                    name, version, ModelState.UNAVAILABLE, problem or "not loaded",
+                    auto_load=not problem and self.control == "lazy", totals=self.totals)
         return [s for v, s in versions.items() if v not in selected and s.state is
                 ModelState.READY]
 
@@ -259,6 +262,7 @@ class ModelRegistry:
         served.state, served.reason = ModelState.READY, ""
         served.last_used_ns = self._clock()
         self.loads += 1
+        self._memory.after_load()
         log.info("model loaded", extra={"model": served.name, "version": served.version,
                                         "bytes": served.memory_bytes})
         await self._make_room(0, served)
@@ -287,7 +291,7 @@ class ModelRegistry:
                                              "bytes": victim.memory_bytes})
             await self._release(victim, ModelState.EVICTED, "evicted to fit the memory budget")
             victim.auto_load = True
-            return_freed_memory()
+            self._memory.after_eviction()
 
     async def _retire(self, served: ServedModel, reason: str) -> None:
         """Stop routing to a version, let its in-flight requests finish, then release it."""

@@ -35,9 +35,10 @@ class ServedModel:
     memory_bytes: int = 0
     loading: asyncio.Task[None] | None = None
     auto_load: bool = False  # may load on a request (lazy control, or evicted)
+    totals: ModelStats | None = None  # the registry's server-wide sums
 
     def __post_init__(self) -> None:
-        self.stats = ModelStats(self.name, self.version)
+        self.stats = ModelStats(self.name, self.version, self.totals)
 
     @property
     def ready(self) -> bool:

@@ -91,7 +91,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
     dataplane = DataPlane(registry)
     metrics = build_registry(
-        ModelMetricsCollector(lambda: _model_gauges(registry), top_k=config.metrics_top_k),
+        ModelMetricsCollector(lambda: _model_gauges(registry), registry.totals,
+                              top_k=config.metrics_top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
             registry.memory_budget_bytes)),
