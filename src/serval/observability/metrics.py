@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -20,9 +21,24 @@ from serval.observability.stats import Histogram, ModelStats
 LABELS = ["model", "version"]
 
 
+class ModelView(Protocol):
+    """What the collector reads of a model version (the registry's entries provide it)."""
+
+    @property
+    def stats(self) -> ModelStats: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def pending_requests(self) -> int: ...
+    @property
+    def running_batches(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ModelGauges:
-    """One model version's counters plus what is true of it right now."""
+    """One model version's counters plus what is true of it right now (a ModelView)."""
 
     stats: ModelStats
     memory_bytes: int
@@ -69,17 +85,17 @@ class ModelMetricsCollector(Collector):
     their own series, all others are summed into model="_other".
     """
 
-    def __init__(self, models: Callable[[], Iterable[ModelGauges]], totals: ModelStats,
+    def __init__(self, models: Callable[[], Sequence[ModelView]], totals: ModelStats,
                  top_k: int = 100) -> None:
         self._models = models
         self._totals = totals  # every model's counters summed as they are recorded
         self.top_k = top_k
 
-    def _bounded(self) -> list[ModelGauges]:
+    def _bounded(self) -> list[ModelView]:
         """The top_k busiest versions, plus `_other` = totals less them: O(K) histogram work."""
-        models = list(self._models())
+        models = self._models()
         if len(models) <= self.top_k:
-            return models
+            return list(models)
         top = heapq.nlargest(self.top_k, models, key=lambda m: m.stats.requests)
         chosen = {id(m) for m in top}
         rest = [m for m in models if id(m) not in chosen]

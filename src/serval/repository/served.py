@@ -45,6 +45,14 @@ class ServedModel:
         return self.state is ModelState.READY
 
     @property
+    def pending_requests(self) -> int:
+        return self.batcher.queued if self.batcher else 0
+
+    @property
+    def running_batches(self) -> int:
+        return self.batcher.running if self.batcher else 0
+
+    @property
     def idle(self) -> bool:
         """Nothing pinned, queued or computing: safe to evict or unload."""
         busy = self.batcher is not None and (self.batcher.queued or self.batcher.running)

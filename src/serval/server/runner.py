@@ -18,14 +18,12 @@ from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
 from serval.observability.metrics import (
-    ModelGauges,
     ModelMetricsCollector,
     RegistryGauges,
     RegistryMetricsCollector,
     build_registry,
 )
 from serval.repository.registry import ModelRegistry
-from serval.repository.served import ModelState
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
@@ -91,7 +89,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
     dataplane = DataPlane(registry)
     metrics = build_registry(
-        ModelMetricsCollector(lambda: _model_gauges(registry), registry.totals,
+        ModelMetricsCollector(registry.all_models, registry.totals,
                               top_k=config.metrics_top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
@@ -135,19 +133,6 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig,
         dataplane, config.host, config.grpc_port,
         max_message_bytes=config.grpc_max_message_mb * 1024 * 1024, reuse_port=reuse_port,
     )
-
-
-def _model_gauges(registry: ModelRegistry) -> list[ModelGauges]:
-    return [
-        ModelGauges(
-            stats=s.stats,
-            memory_bytes=s.model.memory_bytes() if s.model else 0,
-            ready=s.state is ModelState.READY,
-            pending_requests=s.batcher.queued if s.batcher else 0,
-            running_batches=s.batcher.running if s.batcher else 0,
-        )
-        for s in registry.all_models()
-    ]
 
 
 def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
