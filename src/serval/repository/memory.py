@@ -10,7 +10,7 @@ import functools
 import gc
 import time
 
-TRIM_INTERVAL_S = 1.0
+TRIM_INTERVAL_S = 0.25
 
 
 @functools.cache
@@ -33,7 +33,7 @@ def return_freed_memory() -> None:
 
 
 class MemoryKeeper:
-    """Trims the heap in a worker thread at most once a second (a trim of a large heap takes
+    """Trims the heap in a worker thread at most 4 times a second (a trim of a large heap takes
     tens of ms) and keeps loaded models' long-lived objects out of the GC's full passes."""
 
     def __init__(self) -> None:
