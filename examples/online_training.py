@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.zoo import build_mlp, export
+
 from serval.repository import store
 
 
@@ -76,7 +77,7 @@ def _train(module: torch.nn.Module, optimizer: torch.optim.Optimizer, teacher: t
         loss.backward()
         optimizer.step()
     module.eval()
-    return float(loss)
+    return loss.item()
 
 
 class _Traffic(threading.Thread):

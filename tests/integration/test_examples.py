@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -99,3 +101,24 @@ def test_example_model_over_grpc_equals_http(examples_server: RunningServer, mod
     grpc_client.stop_stream()
     assert error is None
     np.testing.assert_array_equal(result.as_numpy(output), over_http)  # type: ignore[attr-defined]
+
+
+def test_online_training_publishes_versions_under_traffic(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "mlp" / "1").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "mlp" / "1" / "model.onnx", tmp_path / "mlp" / "1")
+    shutil.copy(EXAMPLES / "mlp" / "config.yaml", tmp_path / "mlp")
+    server = server_factory(tmp_path, "--poll-interval-s", "0.3")
+    script = EXAMPLES.parent / "online_training.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--repository", str(tmp_path), "--server", server.url,
+         "--publishes", "2", "--interval", "1.5", "--steps", "5", "--traffic"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 failures" in result.stdout and "'1', '2', '3'" in result.stdout
