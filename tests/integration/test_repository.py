@@ -110,6 +110,8 @@ def test_lazy_mode_loads_once_on_concurrent_first_requests(server_factory: Facto
         thread.join(timeout=60)
     assert statuses == [200] * 16
     assert _metric(server, "serval_model_loads_total") == 1
+    assert _metric(server, "serval_model_cache_misses_total") == 16  # all waited for one load
+    assert _metric(server, "serval_model_load_duration_seconds_count") == 1
     assert _states(server)["m0/1"] == "READY" and _states(server)["m1/1"] == "UNAVAILABLE"
 
 

@@ -55,6 +55,9 @@ class RegistryGauges:
     evictions: int
     resident_bytes: int
     budget_bytes: int | None
+    hits: int
+    misses: int
+    load_seconds: Histogram
 
 
 class RegistryMetricsCollector(Collector):
@@ -70,6 +73,14 @@ class RegistryMetricsCollector(Collector):
                                   gauges.evictions)
         yield GaugeMetricFamily("serval_resident_bytes", "Bytes held by loaded models",
                                 gauges.resident_bytes)
+        yield CounterMetricFamily("serval_model_cache_hits",
+                                  "Requests that found their model loaded", gauges.hits)
+        yield CounterMetricFamily("serval_model_cache_misses",
+                                  "Requests that waited for a model load", gauges.misses)
+        load = HistogramMetricFamily("serval_model_load_duration_seconds",
+                                     "Time to load, warm up and admit a model version")
+        load.add_metric([], gauges.load_seconds.cumulative(), gauges.load_seconds.sum)
+        yield load
         if gauges.budget_bytes is not None:
             yield GaugeMetricFamily("serval_memory_budget_bytes", "The memory budget",
                                     gauges.budget_bytes)

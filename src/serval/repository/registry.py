@@ -20,7 +20,7 @@ from typing import Literal
 from serval.backends.base import Backend
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
-from serval.observability.stats import ModelStats
+from serval.observability.stats import Histogram, ModelStats
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
 from serval.repository.served import ModelState, ServedModel
@@ -30,6 +30,8 @@ from serval.repository.warmup import warmup_inputs
 log = logging.getLogger(__name__)
 
 ModelControl = Literal["all", "lazy", "explicit"]
+LOAD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                  30.0, 60.0)
 
 
 class ModelRegistry:
@@ -62,6 +64,9 @@ class ModelRegistry:
         self.loads = 0
         self.evictions = 0
         self.totals = ModelStats("_all", "")  # every version's metric counters, summed
+        self.hits = 0  # requests that found their model loaded
+        self.misses = 0  # requests that waited for a load
+        self.load_seconds = Histogram(LOAD_BUCKETS_S)
 
     # start-up and the repository API ---------------------------------------------------------
 
@@ -131,7 +136,10 @@ class ModelRegistry:
     async def acquire(self, name: str, version: str | None = None) -> AsyncIterator[ServedModel]:
         """A ready model version, loaded on demand where allowed, pinned while in use."""
         served = self.get(name, version)
-        if served.state is not ModelState.READY:
+        if served.state is ModelState.READY:
+            self.hits += 1
+        else:
+            self.misses += 1
             await self._load_on_demand(served)
         served.in_flight += 1
         served.last_used_ns = self._clock()
@@ -223,7 +231,9 @@ class ModelRegistry:
         try:
             async with self._load_slots:
                 served.state, served.reason = ModelState.LOADING, "loading"
+                started_ns = time.perf_counter_ns()
                 await self._load_engine(served)
+                self.load_seconds.observe((time.perf_counter_ns() - started_ns) * 1e-9)
         except ModelNotReady as exc:  # no room right now: transient, stays loadable
             served.state, served.reason = previous, exc.message
         except Exception as exc:

@@ -93,7 +93,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
                               top_k=config.metrics_top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
-            registry.memory_budget_bytes)),
+            registry.memory_budget_bytes, registry.hits, registry.misses,
+            registry.load_seconds)),
     )
     app = HttpApp(dataplane, metrics)
     tracker = ConnectionTracker()
