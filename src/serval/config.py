@@ -74,10 +74,26 @@ class OnnxRuntimeConfig(_Strict):
     allow_spinning: bool = False
 
 
+class TensorConfig(_Strict):
+    """A declared input or output: v2 datatype and dims (without the batch axis, as Triton)."""
+
+    name: str = Field(min_length=1)
+    datatype: Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                      "INT64", "FP16", "FP32", "FP64", "BYTES"]
+    dims: list[int] = Field(default_factory=list)
+
+    @field_validator("dims")
+    @classmethod
+    def _valid_dims(cls, dims: list[int]) -> list[int]:
+        if any(d == 0 or d < -1 for d in dims):
+            raise ValueError("dims are positive sizes or -1 (any size)")
+        return dims
+
+
 class ModelConfig(_Strict):
     """What config.yaml beside a model's version directories may say."""
 
-    backend: Literal["onnxruntime"] = "onnxruntime"
+    backend: Literal["onnxruntime", "pytorch", "python"] = "onnxruntime"
     max_batch_size: int | None = Field(
         None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
     )
@@ -86,6 +102,13 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="pytorch on CUDA: run the model in half or bfloat16 precision"
+    )
+    inputs: list[TensorConfig] = Field(
+        default_factory=list, description="required where the model file does not describe them"
+    )
+    outputs: list[TensorConfig] = Field(default_factory=list)
 
 
 class ServerConfig(_Strict):
@@ -102,6 +125,7 @@ class ServerConfig(_Strict):
         None, description="evict least-recently-used idle models beyond this many bytes"
     )
     max_concurrent_loads: int = Field(2, ge=1, le=64)
+    allow_python_models: bool = Field(False, description="python models run arbitrary code")
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -27,6 +27,9 @@ def serve_command(
         None, "--memory-budget", help="e.g. 2GiB: evict idle least-recently-used models beyond."
     ),
     max_concurrent_loads: int = typer.Option(2, "--max-concurrent-loads"),
+    allow_python_models: bool = typer.Option(
+        False, "--allow-python-models", help="Serve Python models (model.py runs arbitrary code)."
+    ),
     metrics_top_k: int = typer.Option(
         100, "--metrics-top-k", help="Per-model metric series for the K busiest; others summed."
     ),
@@ -48,7 +51,7 @@ def serve_command(
             grpc_max_message_mb=grpc_max_message_mb, workers=workers,
             model_control=model_control, memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
-            metrics_top_k=metrics_top_k,
+            metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             log_level=log_level,
         )
     except ValidationError as exc:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.backends.python import PythonBackend
+from serval.backends.torch import TorchBackend
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
@@ -76,7 +78,11 @@ def run_worker(config: ServerConfig, reuse_port: bool) -> None:
 async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     sock = bind_socket(config.host, config.http_port, reuse_port)
     cores = max(1, available_cores() // config.workers)
-    backends: dict[str, Backend] = {"onnxruntime": OnnxRuntimeBackend(cores)}
+    backends: dict[str, Backend] = {
+        "onnxruntime": OnnxRuntimeBackend(cores),
+        "pytorch": TorchBackend(cores),
+        "python": PythonBackend(allowed=config.allow_python_models),
+    }
     registry = ModelRegistry(
         config.repository, backends, control=config.model_control,
         memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,

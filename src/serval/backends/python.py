@@ -1,0 +1,101 @@
+"""Python models: a `model.py` whose `Model` class has load(ctx) and infer(inputs) -> outputs.
+
+It runs arbitrary code, so the server refuses it unless started with --allow-python-models.
+Inputs and outputs are batch-first numpy dicts, declared in config.yaml.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.declared import declared_metadata
+from serval.config import ModelConfig
+from serval.errors import ConfigError
+from serval.protocol.types import TensorDict
+
+MODEL_FILE = "model.py"
+CLASS_NAME = "Model"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What a Python model's load() is told about itself."""
+
+    name: str
+    version: str
+    model_dir: Path
+    config: ModelConfig
+
+
+class PythonBackend:
+    """Imports model.py from the version folder, once per load, under a unique module name."""
+
+    name = "python"
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed = allowed
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        if not self.allowed:
+            raise ConfigError(f"model '{spec.name}' is a Python model, which runs arbitrary "
+                              "code; start the server with --allow-python-models to serve it")
+        path = spec.path / MODEL_FILE
+        if not path.is_file():
+            raise ConfigError(f"{path}: not found (a Python model needs model.py)")
+        metadata = declared_metadata(spec, "python")
+        instance = _instantiate(path)
+        instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
+        return PythonModel(instance, metadata, path.stat().st_size)
+
+
+class PythonModel:
+    """Delegates to the user's object; the batcher checks the rows it returns."""
+
+    def __init__(self, instance: Any, metadata: ModelMetadata, size_bytes: int) -> None:
+        self._instance, self._metadata, self._size_bytes = instance, metadata, size_bytes
+        self._names = [spec.name for spec in metadata.outputs]
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self._metadata
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        outputs = self._instance.infer(inputs)
+        if not isinstance(outputs, dict) or any(name not in outputs for name in self._names):
+            got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+            raise ConfigError(f"model.py infer() must return a dict with {self._names}, got {got}")
+        return {name: outputs[name] for name in self._names}
+
+    def memory_bytes(self) -> int:
+        return self._size_bytes
+
+    def unload(self) -> None:
+        unload = getattr(self._instance, "unload", None)
+        if callable(unload):
+            unload()
+
+
+def _instantiate(path: Path) -> Any:
+    module_name = f"serval_user_model_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(f"{path}: import failed: {exc!r}") from exc
+    finally:
+        sys.modules.pop(module_name, None)
+    model_class = getattr(module, CLASS_NAME, None)
+    if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
+        raise ConfigError(f"{path}: must define class {CLASS_NAME} with load(ctx) and "
+                          "infer(inputs) methods")
+    return model_class()

@@ -1,0 +1,125 @@
+"""The PyTorch engine: TorchScript (`model.pt`) or torch.export (`model.pt2`) programs.
+
+torch is optional and imported only when a pytorch model loads. Only archive formats load
+(TorchScript's restricted unpickler, torch.export's serialized graph): never arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.declared import declared_metadata
+from serval.errors import ConfigError
+from serval.protocol.dtypes import numpy_dtype
+from serval.protocol.types import TensorDict
+
+MODEL_FILES = ("model.pt", "model.pt2")
+_PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class TorchBackend:
+    """Loads TorchScript or torch.export programs; torch's threads sized to the cores once."""
+
+    name = "pytorch"
+
+    def __init__(self, cores: int) -> None:
+        self.cores = max(1, cores)
+        self._threads_set = False
+        self._lock = threading.Lock()
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        torch = _import_torch()
+        self._size_threads(torch)
+        path = _model_file(spec.path)
+        device = torch.device(spec.config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device '{spec.config.device}' asked for, but CUDA is not available")
+        program = _load_program(torch, path, device)
+        dtype = None
+        if device.type == "cuda" and spec.config.precision != "fp32":
+            dtype = getattr(torch, _PRECISIONS[spec.config.precision])
+            program = program.to(dtype)
+        metadata = declared_metadata(spec, "pytorch_libtorch")
+        return TorchModel(program, metadata, device, dtype, path.stat().st_size)
+
+    def _size_threads(self, torch: Any) -> None:
+        with self._lock:
+            if not self._threads_set:
+                torch.set_num_threads(self.cores)
+                self._threads_set = True
+
+
+class TorchModel:
+    """Runs the program under inference_mode; inputs in declared order, outputs by name."""
+
+    def __init__(self, program: Any, metadata: ModelMetadata, device: Any, dtype: Any,
+                 size_bytes: int) -> None:
+        self._program, self._metadata = program, metadata
+        self._device, self._dtype, self._size_bytes = device, dtype, size_bytes
+        self._output_dtypes = [numpy_dtype(spec.datatype) for spec in metadata.outputs]
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self._metadata
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        import torch
+
+        tensors = [self._tensor(torch, inputs[spec.name]) for spec in self._metadata.inputs]
+        with torch.inference_mode():
+            results = self._program(*tensors)
+        if isinstance(results, torch.Tensor):
+            results = (results,)
+        elif isinstance(results, dict):
+            results = tuple(results[spec.name] for spec in self._metadata.outputs)
+        if len(results) != len(self._metadata.outputs):
+            raise ConfigError(f"the program returned {len(results)} outputs; config.yaml "
+                              f"declares {len(self._metadata.outputs)}")
+        return {spec.name: result.detach().float().cpu().numpy().astype(dtype, copy=False)
+                if result.is_floating_point() else result.detach().cpu().numpy()
+                for spec, result, dtype in zip(self._metadata.outputs, results,
+                                               self._output_dtypes, strict=True)}
+
+    def _tensor(self, torch: Any, array: np.ndarray) -> Any:
+        tensor = torch.from_numpy(np.array(array, copy=True))  # owned and writable
+        if self._dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(self._dtype)
+        return tensor.to(self._device)
+
+    def memory_bytes(self) -> int:
+        return self._size_bytes
+
+    def unload(self) -> None:
+        self._program = None
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("backend 'pytorch' needs torch: pip install 'serval[torch]'") from None
+    return torch
+
+
+def _model_file(version_dir: Path) -> Path:
+    for name in MODEL_FILES:
+        if (version_dir / name).is_file():
+            return version_dir / name
+    raise ConfigError(f"{version_dir}: no model.pt (TorchScript) or model.pt2 (torch.export)")
+
+
+def _load_program(torch: Any, path: Path, device: Any) -> Any:
+    try:
+        if path.suffix == ".pt2":
+            module = torch.export.load(str(path)).module()
+            return module.to(device)
+        program = torch.jit.load(str(path), map_location=device)
+        program.eval()
+        return program
+    except Exception as exc:
+        raise ConfigError(f"{path}: not a loadable {path.suffix} program: {exc}") from None

@@ -1,0 +1,120 @@
+"""The pytorch and python backends served for real, through tritonclient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import call, infer
+
+pytestmark = pytest.mark.integration
+torch = pytest.importorskip("torch")
+
+DECLARED = """\
+backend: {backend}
+max_batch_size: 16
+inputs:
+  - {{name: x, datatype: FP32, dims: [4]}}
+outputs:
+  - {{name: y, datatype: FP32, dims: [4]}}
+  - {{name: total, datatype: FP32, dims: [1]}}
+"""
+
+PYTHON_MODEL = """\
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        self.scale = float(ctx.version) * 10.0
+
+    def infer(self, inputs):
+        x = inputs["x"]
+        return {"y": x * self.scale, "total": x.sum(axis=1, keepdims=True)}
+"""
+
+
+class Affine(torch.nn.Module):
+    """y = 2x + 1, total = row sums: two outputs to map by declared name."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return 2 * x + 1, x.sum(dim=1, keepdim=True)
+
+
+def _model_dir(root: Path, name: str, backend: str) -> Path:
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    (root / name / "config.yaml").write_text(DECLARED.format(backend=backend))
+    return version
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("backends")
+    torch.jit.script(Affine()).save(str(_model_dir(root, "scripted", "pytorch") / "model.pt"))
+    batch = torch.export.Dim("batch", min=1, max=16)
+    program = torch.export.export(Affine(), (torch.ones(2, 4),), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(_model_dir(root, "exported", "pytorch") / "model.pt2"))
+    (_model_dir(root, "pyscale", "python") / "model.py").write_text(PYTHON_MODEL)
+    (_model_dir(root, "pybroken", "python") / "model.py").write_text("raise RuntimeError('x')\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def allowed(server_factory: Callable[..., RunningServer], repository: Path) -> RunningServer:
+    return server_factory(repository, "--allow-python-models")
+
+
+def _run(server: RunningServer, model: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    client = triton.InferenceServerClient(server.url)
+    infer_input = triton.InferInput("x", list(x.shape), "FP32")
+    infer_input.set_data_from_numpy(x)
+    result = client.infer(model, [infer_input])
+    return result.as_numpy("y"), result.as_numpy("total")
+
+
+@pytest.mark.parametrize("model", ["scripted", "exported"])
+def test_torch_programs_serve_their_declared_outputs(allowed: RunningServer, model: str) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    y, total = _run(allowed, model, x)
+    np.testing.assert_allclose(y, 2 * x + 1)
+    np.testing.assert_allclose(total, x.sum(axis=1, keepdims=True))
+    metadata = call(allowed.url, "GET", f"/v2/models/{model}").json()
+    assert metadata["platform"] == "pytorch_libtorch"
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+
+
+def test_python_model_runs_its_class(allowed: RunningServer) -> None:
+    x = np.ones((2, 4), dtype=np.float32)
+    y, total = _run(allowed, "pyscale", x)
+    np.testing.assert_allclose(y, x * 10.0)
+    np.testing.assert_allclose(total, [[4.0], [4.0]])
+
+
+def test_a_broken_python_model_fails_alone(allowed: RunningServer) -> None:
+    reply = infer(allowed.url, "pybroken", {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+    assert reply.status == 503 and "import failed" in reply.error
+    assert _run(allowed, "scripted", np.zeros((1, 4), np.float32))[0].tolist() == [[1] * 4]
+
+
+def test_python_models_are_refused_without_the_flag(
+    server_factory: Callable[..., RunningServer], repository: Path
+) -> None:
+    server = server_factory(repository)
+    client = triton.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match="--allow-python-models"):
+        client.infer("pyscale", [_fixed_input()])
+    assert client.is_model_ready("scripted")
+
+
+def _fixed_input() -> triton.InferInput:
+    infer_input = triton.InferInput("x", [1, 4], "FP32")
+    infer_input.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return infer_input
