@@ -19,12 +19,13 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP) $(MODELS)/.built
 
-$(MODELS)/.built: bench/zoo.py
+$(MODELS)/.built: bench/zoo.py bench/text_pipeline.py examples/tokenizer_model.py
 	HF_HUB_OFFLINE=1 $(PY) bench/zoo.py --out $(MODELS)
 	touch $@
 
 serve: setup models
-	$(VENV)/bin/serval serve --repository $(MODELS) --host $(HOST) --http-port $(PORT)
+	$(VENV)/bin/serval serve --repository $(MODELS) --host $(HOST) --http-port $(PORT) \
+		--allow-python-models
 
 test: setup models
 	HF_HUB_OFFLINE=1 $(PY) -m pytest

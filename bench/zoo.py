@@ -22,6 +22,9 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.text_pipeline import write_text_pipeline
+
 OPSET = 17
 SEQ_LEN = 32
 CHECK_BATCHES = (1, 5, 64)
@@ -308,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print(f"zoo: {name} failed: {reason}", file=sys.stderr)
             return 1
+    print(write_text_pipeline(args.out))
     print(f"total   {time.perf_counter() - started:.1f}s")
     return 0
 

@@ -90,10 +90,19 @@ class TensorConfig(_Strict):
         return dims
 
 
+class PipelineStep(_Strict):
+    """One step: a repository model, and how tensor names map into and out of it."""
+
+    model: str = Field(min_length=1)
+    version: str | None = None
+    inputs: dict[str, str] = Field(description="step input name -> pipeline tensor name")
+    outputs: dict[str, str] = Field(description="step output name -> pipeline tensor name")
+
+
 class ModelConfig(_Strict):
     """What config.yaml beside a model's version directories may say."""
 
-    backend: Literal["onnxruntime", "pytorch", "python"] = "onnxruntime"
+    backend: Literal["onnxruntime", "pytorch", "python", "pipeline"] = "onnxruntime"
     max_batch_size: int | None = Field(
         None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
     )
@@ -109,6 +118,7 @@ class ModelConfig(_Strict):
         default_factory=list, description="required where the model file does not describe them"
     )
     outputs: list[TensorConfig] = Field(default_factory=list)
+    steps: list[PipelineStep] = Field(default_factory=list, description="backend: pipeline")
 
 
 class ServerConfig(_Strict):

@@ -8,9 +8,10 @@ from typing import Any
 
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
-from serval.errors import InvalidInput, ModelNotReady, ServalError
+from serval.backends.pipeline import PipelineModel
+from serval.errors import BackendError, InvalidInput, ModelNotReady, ServalError
 from serval.protocol.dtypes import v2_datatype
-from serval.protocol.types import InferRequest, InferResponse, TensorDict
+from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
 
@@ -106,8 +107,12 @@ class DataPlane:
             try:
                 metadata = _require_metadata(served)
                 validate_request(request, metadata, name)
-                assert served.batcher is not None
-                outputs = await served.batcher.infer(request.inputs, deadline_ns)
+                if isinstance(served.model, PipelineModel):
+                    outputs = await self._run_pipeline(name, served.model, request.inputs,
+                                                       deadline_ns)
+                else:
+                    assert served.batcher is not None
+                    outputs = await served.batcher.infer(request.inputs, deadline_ns)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise
@@ -118,6 +123,34 @@ class DataPlane:
             return InferResponse(
                 name, served.version, _select_outputs(outputs, request), request.id
             )
+
+
+    async def _run_pipeline(self, name: str, pipeline: PipelineModel, inputs: TensorDict,
+                            deadline_ns: int | None) -> TensorDict:
+        """Each step is an ordinary inference on its model; errors name the step."""
+        tensors = dict(inputs)
+        for index, step in enumerate(pipeline.steps, start=1):
+            step_request = InferRequest(
+                {step_input: tensors[tensor] for step_input, tensor in step.inputs.items()},
+                outputs=[RequestedOutput(output) for output in step.outputs],
+            )
+            try:
+                response = await self.infer(step.model, step.version, step_request,
+                                            time.perf_counter_ns(), deadline_ns)
+            except ServalError as exc:
+                raise _in_step(exc, name, index, step.model) from exc
+            for step_output, tensor in step.outputs.items():
+                tensors[tensor] = response.outputs[step_output]
+        return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
+
+
+def _in_step(exc: ServalError, pipeline: str, index: int, model: str) -> ServalError:
+    """The same kind of error, its message prefixed with the failing step."""
+    where = f"pipeline '{pipeline}' step {index} ('{model}')"
+    error = type(exc)(f"{where}: {exc.message}")
+    if isinstance(error, BackendError):
+        error.public_message = f"{where} failed to run the request"
+    return error
 
 
 def validate_request(request: InferRequest, metadata: ModelMetadata, model: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,4 +118,66 @@ def test_python_models_are_refused_without_the_flag(
 def _fixed_input() -> triton.InferInput:
     infer_input = triton.InferInput("x", [1, 4], "FP32")
     infer_input.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return infer_input
+
+
+PIPELINE = """\
+backend: pipeline
+max_batch_size: 16
+inputs:
+  - {name: x, datatype: FP32, dims: [4]}
+outputs:
+  - {name: scaled, datatype: FP32, dims: [4]}
+  - {name: total, datatype: FP32, dims: [1]}
+steps:
+  - model: scripted
+    inputs: {x: x}
+    outputs: {y: affine}
+  - model: pyscale
+    inputs: {x: affine}
+    outputs: {y: scaled, total: total}
+"""
+
+
+@pytest.fixture(scope="module")
+def with_pipelines(server_factory: Callable[..., RunningServer], repository: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("pipelines")
+    for name in ("scripted", "pyscale"):
+        shutil.copytree(repository / name, root / name)
+    (root / "chain" / "1").mkdir(parents=True)
+    (root / "chain" / "config.yaml").write_text(PIPELINE)
+    (root / "broken_chain" / "1").mkdir(parents=True)
+    (root / "broken_chain" / "config.yaml").write_text(
+        PIPELINE.replace("model: pyscale", "model: missing"))
+    (root / "miswired" / "1").mkdir(parents=True)
+    (root / "miswired" / "config.yaml").write_text(PIPELINE.replace("{x: affine}", "{x: nope}"))
+    return server_factory(root, "--allow-python-models")
+
+
+def test_pipeline_runs_its_steps(with_pipelines: RunningServer) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    client = triton.InferenceServerClient(with_pipelines.url)
+    result = client.infer("chain", [_input(x)])
+    np.testing.assert_allclose(result.as_numpy("scaled"), (2 * x + 1) * 10.0)
+    np.testing.assert_allclose(result.as_numpy("total"), (2 * x + 1).sum(axis=1, keepdims=True))
+    stats = client.get_inference_statistics("scripted")["model_stats"][0]
+    assert int(stats["inference_count"]) >= 2  # the step ran on its own model
+
+
+def test_pipeline_errors_name_the_step(with_pipelines: RunningServer) -> None:
+    reply = infer(with_pipelines.url, "broken_chain", {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
+    assert reply.status == 404
+    assert "pipeline 'broken_chain' step 2 ('missing')" in reply.error
+    miswired = call(with_pipelines.url, "GET", "/v2/models/miswired/ready")
+    assert miswired.status == 503
+    assert "reads ['nope']" in infer(with_pipelines.url, "miswired", {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).error
+    assert _run(with_pipelines, "scripted", np.zeros((1, 4), np.float32))[0].tolist() == [[1] * 4]
+
+
+def _input(x: np.ndarray) -> triton.InferInput:
+    infer_input = triton.InferInput("x", list(x.shape), "FP32")
+    infer_input.set_data_from_numpy(x)
     return infer_input

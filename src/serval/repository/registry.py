@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
+from serval.backends.pipeline import PipelineModel
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
 from serval.observability.stats import Histogram, ModelStats
@@ -258,13 +259,15 @@ class ModelRegistry:
             raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
         await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
         model = await asyncio.to_thread(backend.load, spec)
+        pipeline = isinstance(model, PipelineModel)  # its steps batch; it has no engine
         try:
-            await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
+            if not pipeline:
+                await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
         except Exception as exc:
             model.unload()
             raise ConfigError(f"warm-up inference failed: {exc}") from exc
         served.spec, served.model, served.memory_bytes = spec, model, model.memory_bytes()
-        served.batcher = Batcher(
+        served.batcher = None if pipeline else Batcher(
             model, served.stats, instances=spec.config.instances,
             max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
             executor=self._engine_pool,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.backends.pipeline import PipelineBackend
 from serval.backends.python import PythonBackend
 from serval.backends.torch import TorchBackend
 from serval.config import ServerConfig
@@ -82,6 +83,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         "onnxruntime": OnnxRuntimeBackend(cores),
         "pytorch": TorchBackend(cores),
         "python": PythonBackend(allowed=config.allow_python_models),
+        "pipeline": PipelineBackend(),
     }
     registry = ModelRegistry(
         config.repository, backends, control=config.model_control,

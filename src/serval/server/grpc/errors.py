@@ -21,9 +21,8 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
 def grpc_error(exc: ServalError, rpc: str) -> tuple[grpc.StatusCode, str]:
     """Status code and message for a domain error; engine failures are logged, not echoed."""
     if exc.code is ErrorCode.BACKEND_ERROR:
-        return grpc.StatusCode.INTERNAL, report_internal_error(
-            exc, rpc, BackendError.public_message, exc.message
-        )
+        summary = exc.public_message if isinstance(exc, BackendError) else "internal error"
+        return grpc.StatusCode.INTERNAL, report_internal_error(exc, rpc, summary, exc.message)
     return GRPC_STATUS[exc.code], exc.message
 
 

@@ -31,7 +31,8 @@ def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Hea
     headers = list(JSON_HEADERS)
     message = exc.message
     if exc.code is ErrorCode.BACKEND_ERROR:
-        message = report_internal_error(exc, route, BackendError.public_message, exc.message)
+        summary = exc.public_message if isinstance(exc, BackendError) else "internal error"
+        message = report_internal_error(exc, route, summary, exc.message)
     if isinstance(exc, Overloaded):
         headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
     return status, error_body(message), headers
