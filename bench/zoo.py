@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.text_pipeline import write_text_pipeline
+from bench.text_pipeline import write_intent_pipeline, write_text_pipeline
 
 OPSET = 17
 SEQ_LEN = 32
@@ -312,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"zoo: {name} failed: {reason}", file=sys.stderr)
             return 1
     print(write_text_pipeline(args.out))
+    print(write_intent_pipeline(args.out))
     print(f"total   {time.perf_counter() - started:.1f}s")
     return 0
 

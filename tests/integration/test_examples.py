@@ -139,3 +139,17 @@ def test_minilm_text_equals_sentence_transformers(examples_server: RunningServer
     cosine = (served * reference).sum(axis=1) / (
         np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))
     assert cosine.min() >= 0.9999, cosine
+
+
+def test_intent_pipeline_returns_a_label_and_scores(examples_server: RunningServer) -> None:
+    labels = ("greeting", "farewell", "order", "cancel", "refund", "shipping", "account",
+              "other")
+    client = triton.InferenceServerClient(examples_server.url)
+    sentences = ["hello there", "where is my parcel?", "I want my money back"]
+    text = triton.InferInput("text", [3, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[s.encode()] for s in sentences], dtype=object))
+    result = client.infer("intent", [text])
+    scores, label = result.as_numpy("scores"), result.as_numpy("label")
+    assert scores.shape == (3, 8) and label.shape == (3, 1)
+    np.testing.assert_allclose(scores.sum(axis=1), 1.0, rtol=1e-5)
+    assert [row[0].decode() for row in label] == [labels[i] for i in scores.argmax(axis=1)]
