@@ -102,7 +102,7 @@ class PipelineStep(_Strict):
 class ModelConfig(_Strict):
     """What config.yaml beside a model's version directories may say."""
 
-    backend: Literal["onnxruntime", "pytorch", "python", "pipeline"] = "onnxruntime"
+    backend: Literal["onnxruntime", "openvino", "pytorch", "python", "pipeline"] = "onnxruntime"
     max_batch_size: int | None = Field(
         None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
     )

@@ -181,3 +181,24 @@ def _input(x: np.ndarray) -> triton.InferInput:
     infer_input = triton.InferInput("x", list(x.shape), "FP32")
     infer_input.set_data_from_numpy(x)
     return infer_input
+
+
+def test_openvino_matches_onnxruntime_on_the_same_file(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    pytest.importorskip("openvino")
+    import onnxruntime as ort
+
+    from tests import fixture_models
+
+    model_file = fixture_models.heavy(tmp_path, name="heavy_ov", layers=4, width=128)
+    (tmp_path / "heavy_ov" / "config.yaml").write_text("backend: openvino\nmax_batch_size: 16\n")
+    server = server_factory(tmp_path)
+    x = np.random.default_rng(3).standard_normal((5, 128)).astype(np.float32)
+    client = triton.InferenceServerClient(server.url)
+    infer_input = triton.InferInput("x", [5, 128], "FP32")
+    infer_input.set_data_from_numpy(x)
+    got = client.infer("heavy_ov", [infer_input]).as_numpy("y")
+    expected = ort.InferenceSession(str(model_file)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert client.get_model_metadata("heavy_ov")["platform"] == "openvino"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from serval.config import ModelConfig
+from serval.errors import ConfigError
 from serval.protocol.types import TensorDict
 
 
@@ -61,3 +62,18 @@ class Backend(Protocol):
     name: str
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel: ...
+
+
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+def resolve_max_batch_size(configured: int | None, tensors: tuple[TensorSpec, ...],
+                           source: str) -> int:
+    """The config's max_batch_size, else 64 when every tensor's first axis is free, else 0."""
+    batchable = all(spec.shape and spec.shape[0] == -1 for spec in tensors)
+    if configured is None:
+        return DEFAULT_MAX_BATCH_SIZE if batchable else 0
+    if configured > 0 and not batchable:
+        raise ConfigError(f"{source}: max_batch_size is {configured} but not every input and "
+                          "output has a free first (batch) dimension")
+    return configured

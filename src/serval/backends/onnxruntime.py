@@ -8,7 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec, TensorSpec
+from serval.backends.base import (
+    LoadedModel,
+    ModelMetadata,
+    ModelVersionSpec,
+    TensorSpec,
+    resolve_max_batch_size,
+)
 from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError
 from serval.protocol.dtypes import from_onnx_type
@@ -17,7 +23,6 @@ from serval.protocol.types import TensorDict
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.onnx"
-DEFAULT_MAX_BATCH_SIZE = 64
 # Below this file size an op is too small for a second thread to pay off, and each extra
 # intra-op thread is an OS thread per session (10,000 models would mean 10,000 threads).
 SMALL_MODEL_BYTES = 2 * 1024 * 1024
@@ -130,15 +135,7 @@ def read_metadata(session: Any, config: ModelConfig, source: str) -> ModelMetada
     """Inputs/outputs from the session; max_batch_size from config or the free batch axis."""
     inputs = tuple(_tensor_spec(arg) for arg in session.get_inputs())
     outputs = tuple(_tensor_spec(arg) for arg in session.get_outputs())
-    batchable = all(spec.shape and spec.shape[0] == -1 for spec in inputs + outputs)
-    max_batch_size = config.max_batch_size
-    if max_batch_size is None:
-        max_batch_size = DEFAULT_MAX_BATCH_SIZE if batchable else 0
-    elif max_batch_size > 0 and not batchable:
-        raise ConfigError(
-            f"{source}: max_batch_size is {max_batch_size} but not every input and output "
-            "has a free first (batch) dimension"
-        )
+    max_batch_size = resolve_max_batch_size(config.max_batch_size, inputs + outputs, source)
     return ModelMetadata("onnxruntime_onnx", inputs, outputs, max_batch_size)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.backends.openvino import OpenVinoBackend
 from serval.backends.pipeline import PipelineBackend
 from serval.backends.python import PythonBackend
 from serval.backends.torch import TorchBackend
@@ -81,6 +82,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     cores = max(1, available_cores() // config.workers)
     backends: dict[str, Backend] = {
         "onnxruntime": OnnxRuntimeBackend(cores),
+        "openvino": OpenVinoBackend(cores),
         "pytorch": TorchBackend(cores),
         "python": PythonBackend(allowed=config.allow_python_models),
         "pipeline": PipelineBackend(),
