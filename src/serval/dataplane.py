@@ -10,6 +10,7 @@ from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
 from serval.errors import BackendError, InvalidInput, ModelNotReady, ServalError
+from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import v2_datatype
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.repository.registry import ModelRegistry
@@ -109,7 +110,7 @@ class DataPlane:
                 validate_request(request, metadata, name)
                 if isinstance(served.model, PipelineModel):
                     outputs = await self._run_pipeline(name, served.model, request.inputs,
-                                                       deadline_ns)
+                                                       deadline_ns, stats)
                 else:
                     assert served.batcher is not None
                     outputs = await served.batcher.infer(request.inputs, deadline_ns)
@@ -126,7 +127,7 @@ class DataPlane:
 
 
     async def _run_pipeline(self, name: str, pipeline: PipelineModel, inputs: TensorDict,
-                            deadline_ns: int | None) -> TensorDict:
+                            deadline_ns: int | None, stats: ModelStats) -> TensorDict:
         """Each step is an ordinary inference on its model; errors name the step."""
         tensors = dict(inputs)
         for index, step in enumerate(pipeline.steps, start=1):
@@ -134,11 +135,14 @@ class DataPlane:
                 {step_input: tensors[tensor] for step_input, tensor in step.inputs.items()},
                 outputs=[RequestedOutput(output) for output in step.outputs],
             )
+            started_ns = time.perf_counter_ns()
             try:
                 response = await self.infer(step.model, step.version, step_request,
-                                            time.perf_counter_ns(), deadline_ns)
+                                            started_ns, deadline_ns)
             except ServalError as exc:
                 raise _in_step(exc, name, index, step.model) from exc
+            finally:
+                stats.record_step(f"{index}:{step.model}", time.perf_counter_ns() - started_ns)
             for step_output, tensor in step.outputs.items():
                 tensors[tensor] = response.outputs[step_output]
         return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}

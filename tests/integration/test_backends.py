@@ -163,6 +163,11 @@ def test_pipeline_runs_its_steps(with_pipelines: RunningServer) -> None:
     np.testing.assert_allclose(result.as_numpy("total"), (2 * x + 1).sum(axis=1, keepdims=True))
     stats = client.get_inference_statistics("scripted")["model_stats"][0]
     assert int(stats["inference_count"]) >= 2  # the step ran on its own model
+    chain = client.get_inference_statistics("chain")["model_stats"][0]
+    assert [s["step"] for s in chain["pipeline_steps"]] == ["1:scripted", "2:pyscale"]
+    assert all(s["count"] >= 1 and s["ns"] > 0 for s in chain["pipeline_steps"])
+    metrics = call(with_pipelines.url, "GET", "/metrics").body.decode()
+    assert 'serval_pipeline_step_duration_seconds_total{model="chain",step="2:pyscale"' in metrics
 
 
 def test_pipeline_errors_name_the_step(with_pipelines: RunningServer) -> None:

@@ -142,6 +142,9 @@ class ModelMetricsCollector(Collector):
                                           "Time of one batch: merge, engine run, split"),
             "batch_size": _histogram("serval_batch_size", "Rows per engine run"),
         }
+        steps = CounterMetricFamily(
+            "serval_pipeline_step_duration_seconds", "Time pipelines spent in each step",
+            labels=[*LABELS, "step"])
         for model in self._bounded():
             stats = model.stats
             labels = [stats.name, stats.version]
@@ -155,7 +158,9 @@ class ModelMetricsCollector(Collector):
             running.add_metric(labels, model.running_batches)
             for attribute, family in histograms.items():
                 _add_histogram(family, labels, getattr(stats, attribute))
-        yield from (requests, inferences, executions, memory, ready, pending, running,
+            for step, duration in stats.steps.items():
+                steps.add_metric([*labels, step], duration.ns * 1e-9)
+        yield from (requests, inferences, executions, memory, ready, pending, running, steps,
                     *histograms.values())
 
 

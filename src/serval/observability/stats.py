@@ -91,6 +91,7 @@ class ModelStats:
         self.outcomes: dict[str, int] = {}
         self.requests = 0  # all outcomes: what ranks models for per-model metric series
         self.batches: dict[int, BatchStats] = {}
+        self.steps: dict[str, Duration] = {}  # pipelines: time in each step, by step name
         self.request_seconds = Histogram(LATENCY_BUCKETS_S)
         self.queue_seconds = Histogram(LATENCY_BUCKETS_S)
         self.compute_seconds = Histogram(LATENCY_BUCKETS_S)
@@ -123,6 +124,13 @@ class ModelStats:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
             self.totals.request_seconds.observe(duration_ns * 1e-9)
 
+    def record_step(self, step: str, duration_ns: int) -> None:
+        """A pipeline step finished (successfully or not) after duration_ns."""
+        duration = self.steps.get(step)
+        if duration is None:
+            duration = self.steps[step] = Duration()
+        duration.add(duration_ns)
+
     def record_queue(self, duration_ns: int) -> None:
         self.queue.add(duration_ns)
         self.queue_seconds.observe(duration_ns * 1e-9)
@@ -154,7 +162,14 @@ class ModelStats:
             self.totals.batch_size.observe(rows)
 
     def as_triton_dict(self) -> dict[str, object]:
-        """The model_stats entry of Triton's statistics extension."""
+        """The model_stats entry of Triton's statistics extension (+ pipeline_steps)."""
+        entry = self._triton_entry()
+        if self.steps:
+            entry["pipeline_steps"] = [{"step": name, **duration.as_dict()}
+                                       for name, duration in self.steps.items()]
+        return entry
+
+    def _triton_entry(self) -> dict[str, object]:
         return {
             "name": self.name,
             "version": self.version,

@@ -55,7 +55,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
         return await _answer(context, "ModelStatistics", lambda: json_format.ParseDict(
             self.dataplane.statistics(request.name or None, request.version or None),
-            pb.ModelStatisticsResponse()))
+            pb.ModelStatisticsResponse(), ignore_unknown_fields=True))
 
     async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
         try:
