@@ -7,7 +7,7 @@ MODELS := examples/models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup models serve test unit bench lint proto clean
+.PHONY: setup models serve test unit bench bench-models lint proto clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,13 @@ unit: setup
 
 bench: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/pipeline.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/torch_backend.py
+
+# The many-models and hot-swap benchmarks (minutes; the first writes ~4 GB of models to /tmp).
+bench-models: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/many_models.py --models 10000
+	HF_HUB_OFFLINE=1 $(PY) bench/hot_swap.py --repository $(MODELS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench
