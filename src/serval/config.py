@@ -30,6 +30,9 @@ class BatchingConfig(_Strict):
     """How requests are merged into engine batches."""
 
     max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
+    max_queue_size: int = Field(
+        1024, ge=1, description="requests waiting beyond this are refused with 429"
+    )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
 
     @field_validator("preferred_batch_sizes")
@@ -136,6 +139,8 @@ class ServerConfig(_Strict):
     )
     max_concurrent_loads: int = Field(2, ge=1, le=64)
     allow_python_models: bool = Field(False, description="python models run arbitrary code")
+    max_inflight: int = Field(4096, ge=1, description="requests in the server at once; 429 past")
+    default_timeout_ms: float = Field(0.0, ge=0.0, description="0: requests have no deadline")
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

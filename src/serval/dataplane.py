@@ -9,7 +9,7 @@ from typing import Any
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
-from serval.errors import BackendError, InvalidInput, ModelNotReady, ServalError
+from serval.errors import BackendError, InvalidInput, ModelNotReady, Overloaded, ServalError
 from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import v2_datatype
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
@@ -24,8 +24,12 @@ EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_
 class DataPlane:
     """Inference, metadata, readiness and statistics over the registry's models."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, *, max_inflight: int = 4096,
+                 default_timeout_ms: float = 0.0) -> None:
         self.registry = registry
+        self.max_inflight = max_inflight
+        self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
+        self._inflight = 0
         self._ready = False
 
     def set_ready(self, ready: bool) -> None:
@@ -99,10 +103,41 @@ class DataPlane:
         self, name: str, version: str | None, request: InferRequest, received_ns: int,
         deadline_ns: int | None = None,
     ) -> InferResponse:
-        """Run one request through the model's batcher; every outcome is counted.
+        """Admit a client's request (429 past max_inflight), give it its deadline, run it.
 
-        deadline_ns (perf_counter clock): a request still queued then is dropped, never computed.
+        The deadline is the earliest of the transport's (gRPC, Serval-Timeout-Ms), the
+        request's `parameters.timeout` (µs, as Triton) and the server default; a request
+        still queued then is dropped before compute (504).
         """
+        if self._inflight >= self.max_inflight:
+            raise Overloaded(f"the server has {self._inflight} requests in flight, its "
+                             "limit; retry shortly")
+        deadline_ns = self._deadline(request, received_ns, deadline_ns)
+        self._inflight += 1
+        try:
+            return await self._infer_model(name, version, request, received_ns, deadline_ns)
+        finally:
+            self._inflight -= 1
+
+    def _deadline(self, request: InferRequest, received_ns: int,
+                  deadline_ns: int | None) -> int | None:
+        candidates = [] if deadline_ns is None else [deadline_ns]
+        timeout_us = request.parameters.get("timeout")
+        if timeout_us is not None:
+            if type(timeout_us) is not int or timeout_us < 0:
+                raise InvalidInput("parameter 'timeout' must be a non-negative integer of "
+                                   "microseconds")
+            if timeout_us:
+                candidates.append(received_ns + timeout_us * 1000)
+        if self.default_timeout_ns:
+            candidates.append(received_ns + self.default_timeout_ns)
+        return min(candidates, default=None)
+
+    async def _infer_model(
+        self, name: str, version: str | None, request: InferRequest, received_ns: int,
+        deadline_ns: int | None,
+    ) -> InferResponse:
+        """Run one request through the model's batcher (or a pipeline's steps); count it."""
         async with self.registry.acquire(name, version) as served:
             stats = served.stats
             try:
@@ -137,8 +172,8 @@ class DataPlane:
             )
             started_ns = time.perf_counter_ns()
             try:
-                response = await self.infer(step.model, step.version, step_request,
-                                            started_ns, deadline_ns)
+                response = await self._infer_model(step.model, step.version, step_request,
+                                                   started_ns, deadline_ns)
             except ServalError as exc:
                 raise _in_step(exc, name, index, step.model) from exc
             finally:

@@ -20,7 +20,13 @@ from serval.batching.policy import (
     take_batch,
 )
 from serval.batching.tensors import concat_inputs, split_outputs
-from serval.errors import BackendError, DeadlineExceeded, ServalError, ServerUnavailable
+from serval.errors import (
+    BackendError,
+    DeadlineExceeded,
+    Overloaded,
+    ServalError,
+    ServerUnavailable,
+)
 from serval.observability.stats import ModelStats
 from serval.protocol.types import TensorDict
 
@@ -47,6 +53,7 @@ class Batcher:
         *,
         instances: int = 1,
         max_queue_delay_ms: float = 0.0,
+        max_queue_size: int | None = None,
         executor: ThreadPoolExecutor | None = None,
         clock: Clock = time.perf_counter_ns,
     ) -> None:
@@ -57,6 +64,7 @@ class Batcher:
         self._batching = max_batch > 0
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
+        self._max_queue_size = max_queue_size
         self._queue: deque[PendingRequest] = deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
@@ -83,6 +91,9 @@ class Batcher:
         """Queue one request and wait for its own rows of the batch output."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
+        if self._max_queue_size is not None and len(self._queue) >= self._max_queue_size:
+            raise Overloaded(f"model '{self._stats.name}' has {len(self._queue)} requests "
+                             "queued, its max_queue_size; retry shortly")
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         request = PendingRequest(

@@ -30,6 +30,12 @@ def serve_command(
     allow_python_models: bool = typer.Option(
         False, "--allow-python-models", help="Serve Python models (model.py runs arbitrary code)."
     ),
+    max_inflight: int = typer.Option(
+        4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
+    ),
+    default_timeout_ms: float = typer.Option(
+        0.0, "--default-timeout-ms", help="Deadline for requests that set none (0: none)."
+    ),
     metrics_top_k: int = typer.Option(
         100, "--metrics-top-k", help="Per-model metric series for the K busiest; others summed."
     ),
@@ -52,6 +58,7 @@ def serve_command(
             model_control=model_control, memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
+            max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
             log_level=log_level,
         )
     except ValidationError as exc:

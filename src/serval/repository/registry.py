@@ -270,6 +270,7 @@ class ModelRegistry:
         served.batcher = None if pipeline else Batcher(
             model, served.stats, instances=spec.config.instances,
             max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
+            max_queue_size=spec.config.batching.max_queue_size,
             executor=self._engine_pool,
         )
         served.state, served.reason = ModelState.READY, ""

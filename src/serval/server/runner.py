@@ -97,7 +97,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     watcher = None
     if config.poll_interval_s > 0:
         watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
-    dataplane = DataPlane(registry)
+    dataplane = DataPlane(registry, max_inflight=config.max_inflight,
+                          default_timeout_ms=config.default_timeout_ms)
     metrics = build_registry(
         ModelMetricsCollector(registry.all_models, registry.totals,
                               top_k=config.metrics_top_k),

@@ -111,9 +111,10 @@ class HttpApp:
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
     ) -> Reply:
         received_ns = time.perf_counter_ns()
-        header_length, encoding = _infer_headers(headers)
+        header_length, encoding, timeout_ms = _infer_headers(headers)
         request = decode_request(_decompress(body, encoding), header_length)
-        response = await self.dataplane.infer(name, version, request, received_ns)
+        deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
+        response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = encode_response(response, request)
         if json_length is None:
             return 200, payload, list(JSON_HEADERS)
@@ -166,9 +167,11 @@ def _config_override(params: dict[str, Any]) -> dict[str, Any] | None:
     return config
 
 
-def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes]:
+def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None]:
+    """Inference-Header-Content-Length, Content-Encoding and Serval-Timeout-Ms."""
     header_length: int | None = None
     encoding = b""
+    timeout_ms: float | None = None
     for key, value in headers:
         if key == b"inference-header-content-length":
             try:
@@ -179,7 +182,19 @@ def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes]:
                 ) from None
         elif key == b"content-encoding":
             encoding = value.strip().lower()
-    return header_length, encoding
+        elif key == b"serval-timeout-ms":
+            timeout_ms = _timeout_ms(value)
+    return header_length, encoding, timeout_ms
+
+
+def _timeout_ms(value: bytes) -> float:
+    try:
+        timeout_ms = float(value)
+    except ValueError:
+        timeout_ms = -1.0
+    if not timeout_ms > 0:
+        raise InvalidInput(f"Serval-Timeout-Ms must be a positive number, got {value.decode()!r}")
+    return timeout_ms
 
 
 def _decompress(body: bytes, encoding: bytes) -> bytes:
