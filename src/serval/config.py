@@ -139,6 +139,7 @@ class ServerConfig(_Strict):
     )
     max_concurrent_loads: int = Field(2, ge=1, le=64)
     allow_python_models: bool = Field(False, description="python models run arbitrary code")
+    auth_tokens: Path | None = Field(None, description="tokens file: bearer auth when set")
     max_inflight: int = Field(4096, ge=1, description="requests in the server at once; 429 past")
     default_timeout_ms: float = Field(0.0, ge=0.0, description="0: requests have no deadline")
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")

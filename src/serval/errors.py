@@ -15,6 +15,8 @@ class ErrorCode(enum.Enum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     BACKEND_ERROR = "backend_error"
     UNAVAILABLE = "unavailable"
+    UNAUTHENTICATED = "unauthenticated"
+    PERMISSION_DENIED = "permission_denied"
 
 
 class ServalError(Exception):
@@ -72,6 +74,18 @@ class ServerUnavailable(ServalError):
     """The server is shutting down or not started (HTTP 503)."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class Unauthenticated(ServalError):
+    """No valid credentials (HTTP 401)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServalError):
+    """Valid credentials without the needed scope (HTTP 403)."""
+
+    code = ErrorCode.PERMISSION_DENIED
 
 
 class ConfigError(Exception):

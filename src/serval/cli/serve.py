@@ -30,6 +30,9 @@ def serve_command(
     allow_python_models: bool = typer.Option(
         False, "--allow-python-models", help="Serve Python models (model.py runs arbitrary code)."
     ),
+    auth_tokens: Path = typer.Option(
+        None, "--auth-tokens", help="Tokens file (serval token create): require bearer tokens."
+    ),
     max_inflight: int = typer.Option(
         4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
     ),
@@ -59,6 +62,7 @@ def serve_command(
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
+            auth_tokens=auth_tokens,
             log_level=log_level,
         )
     except ValidationError as exc:

@@ -12,6 +12,7 @@ import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from serval.auth import TokenStore
 from serval.backends.base import Backend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.backends.openvino import OpenVinoBackend
@@ -107,11 +108,12 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
             registry.memory_budget_bytes, registry.hits, registry.misses,
             registry.load_seconds)),
     )
-    app = HttpApp(dataplane, metrics)
+    auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
+    app = HttpApp(dataplane, metrics, auth)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock)
-    grpc_server = await _start_grpc(dataplane, config, reuse_port)
+    grpc_server = await _start_grpc(dataplane, config, reuse_port, auth)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -135,8 +137,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     await registry.close()
 
 
-async def _start_grpc(dataplane: DataPlane, config: ServerConfig,
-                      reuse_port: bool) -> grpc.aio.Server | None:
+async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bool,
+                      auth: TokenStore | None) -> grpc.aio.Server | None:
     if config.grpc_port == 0:
         return None
     from serval.server.grpc.server import start_grpc_server
@@ -144,6 +146,7 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig,
     return await start_grpc_server(
         dataplane, config.host, config.grpc_port,
         max_message_bytes=config.grpc_max_message_mb * 1024 * 1024, reuse_port=reuse_port,
+        auth=auth,
     )
 
 

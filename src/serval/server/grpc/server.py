@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from serval.auth import TokenStore
 from serval.dataplane import DataPlane
 from serval.server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from serval.server.grpc.servicer import InferenceServicer
@@ -24,10 +25,12 @@ def grpc_options(max_message_bytes: int, reuse_port: bool) -> list[tuple[str, in
 
 
 async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
-                            max_message_bytes: int, reuse_port: bool) -> grpc.aio.Server:
+                            max_message_bytes: int, reuse_port: bool,
+                            auth: TokenStore | None = None) -> grpc.aio.Server:
     """A started server on host:port; OSError when the port cannot be bound."""
     server = grpc.aio.server(options=grpc_options(max_message_bytes, reuse_port))
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, auth),
+                                                       server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)

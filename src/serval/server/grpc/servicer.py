@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import orjson
 from google.protobuf import json_format
 
+from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.server.grpc.codec import decode_infer_request, encode_infer_response
@@ -25,8 +26,9 @@ Context = Any  # grpc.aio.ServicerContext (grpcio ships no type hints)
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The v2 gRPC API over one DataPlane."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, auth: TokenStore | None = None) -> None:
         self.dataplane = dataplane
+        self.auth = auth  # None: no authentication; liveness and readiness stay open
 
     async def ServerLive(self, request: Any, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.dataplane.live())
@@ -35,29 +37,35 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return pb.ServerReadyResponse(ready=self.dataplane.ready())
 
     async def ServerMetadata(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.READ)
         return json_format.ParseDict(self.dataplane.server_metadata(),
                                      pb.ServerMetadataResponse())
 
     async def ModelReady(self, request: Any, context: Context) -> pb.ModelReadyResponse:
+        await self._authorize(context, Action.READ, request.name)
         return await _answer(context, "ModelReady", lambda: pb.ModelReadyResponse(
             ready=self.dataplane.model_ready(request.name, request.version or None)))
 
     async def ModelMetadata(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.READ, request.name)
         metadata = await _await(context, "ModelMetadata", self.dataplane.model_metadata(
             request.name, request.version or None))
         return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.READ, request.name)
         config = await _await(context, "ModelConfig", self.dataplane.model_config(
             request.name, request.version or None))
         return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.READ, request.name)
         return await _answer(context, "ModelStatistics", lambda: json_format.ParseDict(
             self.dataplane.statistics(request.name or None, request.version or None),
             pb.ModelStatisticsResponse(), ignore_unknown_fields=True))
 
     async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
+        await self._authorize(context, Action.INFER, request.model_name)
         try:
             return await self._infer(request, _deadline_ns(context))
         except ServalError as exc:
@@ -70,8 +78,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests of one stream run concurrently (so they batch); answers come as they finish."""
+        token = _token(context)
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, answers))
+        reader = asyncio.create_task(self._read_stream(requests, answers, token))
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
@@ -81,10 +90,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 await reader
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.READ)
         index = self.dataplane.repository_index(ready_only=request.ready)
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.ADMIN)
         override = None
         if "config" in request.parameters:
             override = await _answer(context, "RepositoryModelLoad",
@@ -94,6 +105,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
+        await self._authorize(context, Action.ADMIN)
         await _await(context, "RepositoryModelUnload",
                      self.dataplane.unload_model(request.model_name))
         return pb.RepositoryModelUnloadResponse()
@@ -107,14 +119,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         )
         return encode_infer_response(response)
 
+    async def _authorize(self, context: Context, action: Action, model: str = "") -> None:
+        if self.auth is None:
+            return
+        try:
+            self.auth.check(_token(context), action, model)
+        except ServalError as exc:
+            await context.abort(*grpc_error(exc, action.value))
+
     async def _read_stream(
         self, requests: AsyncIterator[Any],
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None], token: str | None,
     ) -> None:
         running: set[asyncio.Task[None]] = set()
         try:
             async for request in requests:
-                task = asyncio.create_task(self._stream_one(request, answers))
+                task = asyncio.create_task(self._stream_one(request, answers, token))
                 running.add(task)
                 task.add_done_callback(running.discard)
             await asyncio.gather(*running)
@@ -124,9 +144,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             answers.put_nowait(None)
 
     async def _stream_one(
-        self, request: Any, answers: asyncio.Queue[pb.ModelStreamInferResponse | None]
+        self, request: Any, answers: asyncio.Queue[pb.ModelStreamInferResponse | None],
+        token: str | None,
     ) -> None:
         try:
+            if self.auth is not None:
+                self.auth.check(token, Action.INFER, request.model_name)
             response = await self._infer(request, None)
             answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
         except ServalError as exc:
@@ -164,6 +187,13 @@ def _parse_override(parameter: Any) -> dict[str, Any]:
     if not isinstance(override, dict):
         raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
     return override
+
+
+def _token(context: Context) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return bearer(value)
+    return None
 
 
 def _deadline_ns(context: Context) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
+from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.protocol.rest_codec import decode_request, encode_response
@@ -33,9 +34,11 @@ _MODEL_ACTIONS = ("", "ready", "config", "stats", "infer")
 class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""
 
-    def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry) -> None:
+    def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry,
+                 auth: TokenStore | None = None) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
+        self.auth = auth  # None: no authentication
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes) -> Reply:
         """One complete request in, (status, body, headers) out; never raises."""
@@ -52,11 +55,18 @@ class HttpApp:
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
                 return await self._model_route(method, parts[2:], headers, body)
             if len(parts) >= 3 and parts[1] == "repository":
-                return await self._repository_route(method, parts[2:], body)
+                return await self._repository_route(method, parts[2:], headers, body)
+            if parts[1:2] != ["health"]:  # liveness and readiness probes stay open
+                self._authorize(headers, Action.READ)
             return self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
+            self._authorize(headers, Action.READ)
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
         return _not_found(method, path)
+
+    def _authorize(self, headers: RawHeaders, action: Action, model: str = "") -> None:
+        if self.auth is not None:
+            self.auth.check(bearer(_authorization(headers)), action, model)
 
     def _server_route(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":
@@ -77,6 +87,7 @@ class HttpApp:
         name, version, action = _split_model_path(parts)
         if action is None:
             return _not_found(method, "/v2/models/" + "/".join(parts))
+        self._authorize(headers, Action.INFER if action == "infer" else Action.READ, name)
         if action == "infer":
             if method != "POST":
                 return _method_not_allowed(method, "infer (use POST)")
@@ -92,10 +103,12 @@ class HttpApp:
             return _json(self.dataplane.statistics(name, version))
         return _json(await self.dataplane.model_metadata(name, version))
 
-    async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:
+    async def _repository_route(self, method: str, parts: list[str], headers: RawHeaders,
+                                body: bytes) -> Reply:
         """Triton's model repository extension: index, load (optional config), unload."""
         if method != "POST":
             return _method_not_allowed(method, "/v2/repository (use POST)")
+        self._authorize(headers, Action.READ if parts == ["index"] else Action.ADMIN)
         params = _repository_parameters(body)
         if parts == ["index"]:
             return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
@@ -134,6 +147,13 @@ def _split_model_path(parts: list[str]) -> tuple[str, str | None, str | None]:
         return name, version, None
     action = rest[0] if rest else ""
     return name, version, action if action in _MODEL_ACTIONS else None
+
+
+def _authorization(headers: RawHeaders) -> str | None:
+    for key, value in headers:
+        if key == b"authorization":
+            return value.decode("latin-1")
+    return None
 
 
 def _repository_parameters(body: bytes) -> dict[str, Any]:

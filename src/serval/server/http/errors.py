@@ -18,6 +18,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.BACKEND_ERROR: 500,
     ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.PERMISSION_DENIED: 403,
 }
 
 
@@ -33,6 +35,8 @@ def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Hea
     if exc.code is ErrorCode.BACKEND_ERROR:
         summary = exc.public_message if isinstance(exc, BackendError) else "internal error"
         message = report_internal_error(exc, route, summary, exc.message)
+    if exc.code is ErrorCode.UNAUTHENTICATED:
+        headers.append((b"www-authenticate", b"Bearer"))
     if isinstance(exc, Overloaded):
         headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
     return status, error_body(message), headers

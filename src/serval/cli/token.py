@@ -1,0 +1,28 @@
+"""`serval token create`: a new bearer token, printed once; only its hash is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from serval.auth import create_token
+from serval.errors import ConfigError
+
+app = typer.Typer(help="Bearer tokens for --auth-tokens.", no_args_is_help=True)
+
+
+@app.command("create")
+def create_command(
+    tokens_file: Path = typer.Option(..., "--tokens-file", help="The tokens YAML (created)."),
+    scope: list[str] = typer.Option(..., "--scope",
+                                    help="read, admin, or infer:<model-glob>; repeatable."),
+    name: str = typer.Option("token", help="A name for the logs and error messages."),
+) -> None:
+    """Print a new token (store it now: it is not shown again) and record its hash."""
+    try:
+        secret = create_token(tokens_file, scope, name)
+    except ConfigError as exc:
+        typer.echo(f"serval: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(secret)
