@@ -140,6 +140,14 @@ class ServerConfig(_Strict):
     max_concurrent_loads: int = Field(2, ge=1, le=64)
     allow_python_models: bool = Field(False, description="python models run arbitrary code")
     auth_tokens: Path | None = Field(None, description="tokens file: bearer auth when set")
+    tls_cert: Path | None = Field(None, description="PEM certificate: HTTPS and gRPC over TLS")
+    tls_key: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        return self
     max_inflight: int = Field(4096, ge=1, description="requests in the server at once; 429 past")
     default_timeout_ms: float = Field(0.0, ge=0.0, description="0: requests have no deadline")
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")

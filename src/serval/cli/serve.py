@@ -33,6 +33,8 @@ def serve_command(
     auth_tokens: Path = typer.Option(
         None, "--auth-tokens", help="Tokens file (serval token create): require bearer tokens."
     ),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate (HTTPS, gRPC TLS)."),
+    tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert."),
     max_inflight: int = typer.Option(
         4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
     ),
@@ -62,7 +64,7 @@ def serve_command(
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
-            auth_tokens=auth_tokens,
+            auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
             log_level=log_level,
         )
     except ValidationError as exc:

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -112,7 +113,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     app = HttpApp(dataplane, metrics, auth)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock)
+    server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock,
+                                      ssl=_tls_context(config))
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -147,7 +149,16 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bo
         dataplane, config.host, config.grpc_port,
         max_message_bytes=config.grpc_max_message_mb * 1024 * 1024, reuse_port=reuse_port,
         auth=auth,
+        tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None,
     )
+
+
+def _tls_context(config: ServerConfig) -> ssl.SSLContext | None:
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
 
 
 def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
 from serval.auth import TokenStore
@@ -26,14 +28,20 @@ def grpc_options(max_message_bytes: int, reuse_port: bool) -> list[tuple[str, in
 
 async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
                             max_message_bytes: int, reuse_port: bool,
-                            auth: TokenStore | None = None) -> grpc.aio.Server:
+                            auth: TokenStore | None = None,
+                            tls: tuple[Path, Path] | None = None) -> grpc.aio.Server:
     """A started server on host:port; OSError when the port cannot be bound."""
     server = grpc.aio.server(options=grpc_options(max_message_bytes, reuse_port))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(dataplane, auth),
                                                        server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert, key = tls
+            credentials = grpc.ssl_server_credentials([(key.read_bytes(), cert.read_bytes())])
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as exc:
         raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
     if bound == 0:
