@@ -60,3 +60,10 @@ def test_verify_finds_corruption_and_rollback_refuses_it(tmp_path: Path) -> None
 def test_publishing_nothing_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="nothing to publish"):
         store.publish(tmp_path / "missing.onnx", tmp_path / "repo", "m")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".hidden", "", "x" * 200])
+def test_model_names_cannot_leave_the_repository(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match="is not allowed"):
+        store.publish(_artifact(tmp_path, b"x"), tmp_path / "repo", name)
+    assert not (tmp_path / "escape").exists()

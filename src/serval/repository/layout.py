@@ -46,8 +46,10 @@ def scan_repository(root: Path) -> list[ModelDirectory]:
 
 def scan_model(root: Path, name: str) -> ModelDirectory | None:
     """One model folder as it is on disk now (None when it is gone)."""
+    if not name or name.startswith((".", "_")) or "/" in name or "\\" in name:
+        return None  # never a path outside the repository
     path = root / name
-    if not path.is_dir() or name.startswith((".", "_")) or "/" in name:
+    if not path.is_dir():
         return None
     return ModelDirectory(name, path, _versions(path))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import time
 import uuid
@@ -21,6 +22,7 @@ import orjson
 from serval.errors import ConfigError
 
 MANIFEST_FILE = "manifest.json"
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SERVING_FILE = "serving.json"
 
 
@@ -35,9 +37,18 @@ class VersionRecord:
     serving: bool
 
 
+def check_model_name(model: str) -> str:
+    """Model names become folder names: letters, digits, '.', '_', '-', not starting with '.'."""
+    if not MODEL_NAME.fullmatch(model):
+        raise ConfigError(f"model name {model!r} is not allowed: use letters, digits, '.', "
+                          "'_' and '-', starting with a letter or digit")
+    return model
+
+
 def publish(source: Path, repository: Path, model: str, *, note: str = "",
             report: dict[str, Any] | None = None) -> str:
     """Copy a model file (or folder) in as the next version; returns the new version."""
+    check_model_name(model)
     if not source.exists():
         raise ConfigError(f"{source}: nothing to publish")
     model_dir = repository / model
@@ -163,7 +174,7 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def _model_dir(repository: Path, model: str) -> Path:
-    path = repository / model
+    path = repository / check_model_name(model)
     if not path.is_dir():
         raise ConfigError(f"{path}: no such model in the repository")
     return path
