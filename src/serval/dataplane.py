@@ -6,6 +6,8 @@ import asyncio
 import time
 from typing import Any
 
+import orjson
+
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
@@ -83,8 +85,10 @@ class DataPlane:
         index = self.registry.index()
         return [entry for entry in index if entry["state"] == "READY"] if ready_only else index
 
-    async def load_model(self, name: str, config_override: dict[str, Any] | None = None) -> None:
-        await self.registry.load(name, config_override)
+    async def load_model(self, name: str, config_override: str | dict[str, Any] | None = None
+                         ) -> None:
+        """(Re)load a model; the override is config.yaml settings as an object or JSON text."""
+        await self.registry.load(name, _config_override(config_override))
 
     async def unload_model(self, name: str) -> None:
         await self.registry.unload(name)
@@ -181,6 +185,18 @@ class DataPlane:
             for step_output, tensor in step.outputs.items():
                 tensors[tensor] = response.outputs[step_output]
         return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
+
+
+def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
+    return parsed
 
 
 def _in_step(exc: ServalError, pipeline: str, index: int, model: str) -> ServalError:

@@ -8,12 +8,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-import orjson
 from google.protobuf import json_format
 
 from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
-from serval.errors import InvalidInput, ServalError
+from serval.errors import ServalError
 from serval.server.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.grpc.proto import grpc_service_pb2 as pb
@@ -98,8 +97,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         await self._authorize(context, Action.ADMIN)
         override = None
         if "config" in request.parameters:
-            override = await _answer(context, "RepositoryModelLoad",
-                                     lambda: _parse_override(request.parameters["config"]))
+            parameter = request.parameters["config"]
+            override = parameter.string_param or parameter.bytes_param.decode(errors="replace")
         await _await(context, "RepositoryModelLoad",
                      self.dataplane.load_model(request.model_name, override))
         return pb.RepositoryModelLoadResponse()
@@ -176,17 +175,6 @@ async def _await(context: Context, rpc: str, pending: Awaitable[Reply]) -> Reply
     except ServalError as exc:
         await context.abort(*grpc_error(exc, rpc))
     raise AssertionError("unreachable: abort raises")
-
-
-def _parse_override(parameter: Any) -> dict[str, Any]:
-    text = parameter.string_param or parameter.bytes_param.decode("utf-8", errors="replace")
-    try:
-        override = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(override, dict):
-        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
-    return override
 
 
 def _token(context: Context) -> str | None:

@@ -114,7 +114,7 @@ class HttpApp:
             return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             if parts[2] == "load":
-                await self.dataplane.load_model(parts[1], _config_override(params))
+                await self.dataplane.load_model(parts[1], params.get("config"))
             else:
                 await self.dataplane.unload_model(parts[1])
             return _status_only(200)
@@ -170,21 +170,6 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
     return {**doc, **parameters}
-
-
-def _config_override(params: dict[str, Any]) -> dict[str, Any] | None:
-    """A load's config override: a JSON object (or its text) of config.yaml settings."""
-    config = params.get("config")
-    if config is None:
-        return None
-    if isinstance(config, str):
-        try:
-            config = orjson.loads(config)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
-    return config
 
 
 def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None]:
