@@ -6,14 +6,13 @@ import asyncio
 import time
 from typing import Any
 
-import orjson
-
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
 from serval.errors import BackendError, InvalidInput, ModelNotReady, Overloaded, ServalError
 from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import v2_datatype
+from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
@@ -190,13 +189,7 @@ class DataPlane:
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
-    try:
-        parsed = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"parameter 'config' is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings")
-    return parsed
+    return json_object(value, "parameter 'config'", "a JSON object of config.yaml settings")
 
 
 def _in_step(exc: ServalError, pipeline: str, index: int, model: str) -> ServalError:

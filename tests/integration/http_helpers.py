@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,3 +40,12 @@ def call(url: str, method: str, path: str, body: bytes | None = None,
 def infer(url: str, model: str, doc: Any, headers: dict[str, str] | None = None) -> Reply:
     body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
     return call(url, "POST", f"/v2/models/{model}/infer", body, headers)
+
+
+def wait_until_running(url: str, model: str, timeout_s: float = 30.0) -> None:
+    """Return once the server reports a batch of `model` in the engine (its metrics gauge)."""
+    running = f'serval_running_batches{{model="{model}",version="1"}} 1.0'
+    deadline = time.monotonic() + timeout_s
+    while running not in call(url, "GET", "/metrics").body.decode():
+        assert time.monotonic() < deadline, f"no batch of {model} started"
+        time.sleep(0.005)

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RunningServer
 from tests.integration.conftest import TYPED_MODELS
-from tests.integration.http_helpers import call
+from tests.integration.http_helpers import call, wait_until_running
 from tests.integration.test_tritonclient import TYPED_ARRAYS
 
 pytestmark = pytest.mark.integration
@@ -244,11 +244,7 @@ def _occupy_engine(client: triton.InferenceServerClient, server: RunningServer
     big = _input("x", np.ones((128, 1024), dtype=np.float32))
     blocker = threading.Thread(target=lambda: client.infer("slow", [big]))
     blocker.start()
-    running = 'serval_running_batches{model="slow",version="1"} 1.0'
-    deadline = time.monotonic() + 30
-    while running not in call(server.url, "GET", "/metrics").body.decode():
-        assert time.monotonic() < deadline, "the blocking batch never started"
-        time.sleep(0.005)
+    wait_until_running(server.url, "slow")
     return blocker
 
 

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call
+from tests.integration.http_helpers import Reply, call, wait_until_running
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -42,11 +42,7 @@ def _occupy(server: RunningServer) -> threading.Thread:
     blocker = threading.Thread(target=lambda: call(server.url, "POST", "/v2/models/slow/infer",
                                                    BIG))
     blocker.start()
-    deadline = time.monotonic() + 30
-    while 'serval_running_batches{model="slow",version="1"} 1.0' not in call(
-            server.url, "GET", "/metrics").body.decode():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_until_running(server.url, "slow")
     return blocker
 
 

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer
+from tests.integration.http_helpers import call, infer, wait_until_running
 
 pytestmark = pytest.mark.integration
 
@@ -140,11 +140,7 @@ def test_a_busy_model_is_never_evicted(server_factory: Factory, tmp_path: Path) 
     busy = threading.Thread(target=lambda: call(server.url, "POST", "/v2/models/slow/infer",
                                                 big))
     busy.start()
-    deadline = time.monotonic() + 30
-    while 'serval_running_batches{model="slow",version="1"} 1.0' not in call(
-            server.url, "GET", "/metrics").body.decode():
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
+    wait_until_running(server.url, "slow")
     doc = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 512],
                                     "data": [0.1] * 512}]})
     refused = call(server.url, "POST", "/v2/models/other/infer", doc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import orjson
 import pytest
@@ -22,10 +24,8 @@ EXAMPLES = settings(max_examples=2000, deadline=None,
 @given(st.binary(max_size=512), st.one_of(st.none(), st.integers(-10, 600)))
 def test_arbitrary_bytes_never_raise_anything_but_invalid_input(body: bytes,
                                                                 header: int | None) -> None:
-    try:
+    with contextlib.suppress(InvalidInput):  # anything else escapes and fails the test
         decode_request(body, header)
-    except InvalidInput:
-        pass
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
@@ -44,10 +44,8 @@ INPUT = st.fixed_dictionaries({}, optional={
 @given(st.fixed_dictionaries({}, optional={"inputs": st.lists(INPUT, max_size=3) | JSON,
                                            "outputs": JSON, "parameters": JSON, "id": JSON}))
 def test_arbitrary_json_requests_decode_or_raise_invalid_input(doc: dict[str, object]) -> None:
-    try:
+    with contextlib.suppress(InvalidInput):
         decode_request(orjson.dumps(doc))
-    except InvalidInput:
-        pass
 
 
 NUMERIC = st.sampled_from([np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8,

@@ -27,7 +27,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
             f"Inference-Header-Content-Length is {header_length} but the body has "
             f"{len(body)} bytes"
         )
-    doc = _parse_json(memoryview(body)[:json_end])
+    doc = json_object(memoryview(body)[:json_end], "request body",
+                      "a JSON object with an 'inputs' list")
     binary = _BinarySection(body, json_end)
     inputs = _decode_inputs(doc.get("inputs"), binary)
     binary.check_consumed()
@@ -101,13 +102,14 @@ class _BinarySection:
             )
 
 
-def _parse_json(raw: memoryview) -> dict[str, Any]:
+def json_object(raw: bytes | memoryview | str, what: str, shape: str) -> dict[str, Any]:
+    """Parse JSON that must be an object; InvalidInput says what was wrong with `what`."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object with an 'inputs' list")
+        raise InvalidInput(f"{what} must be {shape}")
     return doc
 
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
-from serval.protocol.rest_codec import decode_request, encode_response
+from serval.protocol.rest_codec import decode_request, encode_response, json_object
 from serval.server.http.errors import (
     JSON_HEADERS,
     Headers,
@@ -160,12 +160,7 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     """The request's options: index takes {"ready": bool}, load {"parameters": {"config": ...}}."""
     if not body.strip():
         return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("request body must be a JSON object")
+    doc = json_object(body, "request body", "a JSON object")
     parameters = doc.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
