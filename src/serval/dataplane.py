@@ -108,9 +108,10 @@ class DataPlane:
     ) -> InferResponse:
         """Admit a client's request (429 past max_inflight), give it its deadline, run it.
 
-        The deadline is the earliest of the transport's (gRPC, Serval-Timeout-Ms), the
-        request's `parameters.timeout` (µs, as Triton) and the server default; a request
-        still queued then is dropped before compute (504).
+        The deadline is the earliest of the transport's (gRPC, Serval-Timeout-Ms) and the
+        request's `parameters.timeout` (µs, as Triton; 0 = none); the server default applies
+        to requests that set neither. A request still queued then is dropped before compute
+        (504).
         """
         if self._inflight >= self.max_inflight:
             raise Overloaded(f"the server has {self._inflight} requests in flight, its "
@@ -124,6 +125,7 @@ class DataPlane:
 
     def _deadline(self, request: InferRequest, received_ns: int,
                   deadline_ns: int | None) -> int | None:
+        """The earliest deadline the client set; the server default only if it set none."""
         candidates = [] if deadline_ns is None else [deadline_ns]
         timeout_us = request.parameters.get("timeout")
         if timeout_us is not None:
@@ -132,7 +134,7 @@ class DataPlane:
                                    "microseconds")
             if timeout_us:
                 candidates.append(received_ns + timeout_us * 1000)
-        if self.default_timeout_ns:
+        elif deadline_ns is None and self.default_timeout_ns:
             candidates.append(received_ns + self.default_timeout_ns)
         return min(candidates, default=None)
 

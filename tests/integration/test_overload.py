@@ -20,7 +20,8 @@ from tests.integration.http_helpers import Reply, call, wait_until_running
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
 BIG = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [128, 1024],
-                                "data": [0.01] * (128 * 1024)}]})
+                                "data": [0.01] * (128 * 1024)}],
+                    "parameters": {"timeout": 0}})  # its own: no deadline, whatever the default
 
 
 def _one_row(parameters: dict[str, object] | None = None) -> bytes:
