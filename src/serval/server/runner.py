@@ -35,7 +35,7 @@ from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 
 if TYPE_CHECKING:
-    import grpc
+    from serval.server.grpc.server import GrpcServer
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
 
 
 async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bool,
-                      auth: TokenStore | None) -> grpc.aio.Server | None:
+                      auth: TokenStore | None) -> GrpcServer | None:
     if config.grpc_port == 0:
         return None
     from serval.server.grpc.server import start_grpc_server

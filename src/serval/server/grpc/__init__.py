@@ -1,1 +1,1 @@
-"""KServe v2 / Triton GRPCInferenceService over grpc.aio, a thin adapter over the data plane."""
+"""KServe v2 / Triton GRPCInferenceService on Serval's own HTTP/2 server, over the data plane."""

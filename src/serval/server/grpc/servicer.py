@@ -19,7 +19,7 @@ from serval.server.grpc.proto import grpc_service_pb2 as pb
 from serval.server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
 Reply = TypeVar("Reply")
-Context = Any  # grpc.aio.ServicerContext (grpcio ships no type hints)
+Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]

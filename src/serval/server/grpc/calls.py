@@ -1,0 +1,146 @@
+"""Runs gRPC calls against the servicer: method table, request parsing, context, status codes.
+
+The servicer's methods have grpc.aio's shape (`request, context` in; a reply, or an async
+iterator of replies, out); `CallContext` is the part of grpc.aio's ServicerContext they use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from serval.observability.logging import report_internal_error
+from serval.server.grpc.connection import INTERNAL, OK, ServerCall
+from serval.server.grpc.proto import grpc_service_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+_TIMEOUT_UNITS_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000_000,
+                     "m": 1_000_000, "u": 1_000, "n": 1}
+
+
+class AbortCall(Exception):
+    """Raised by CallContext.abort: the call ends with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.status, self.details = int(code.value[0]), details
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC of the service."""
+
+    name: str
+    request_type: Any  # a protobuf message class
+    client_streaming: bool
+    server_streaming: bool
+    handler: Callable[..., Any]
+
+
+class CallContext:
+    """What a servicer method may ask of its call."""
+
+    def __init__(self, call: ServerCall) -> None:
+        self.call = call
+        self.deadline_ns = _deadline_ns(call)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+        raise AbortCall(code, details)
+
+    def time_remaining(self) -> float | None:
+        if self.deadline_ns is None:
+            return None
+        return max(0.0, (self.deadline_ns - time.perf_counter_ns()) / 1e9)
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self.call.metadata()
+
+
+class ServiceRunner:
+    """Maps paths to the servicer's methods and runs each call to its status."""
+
+    def __init__(self, servicer: object) -> None:
+        self.methods = service_methods(servicer)
+
+    def is_client_streaming(self, path: str) -> bool | None:
+        method = self.methods.get(path)
+        return None if method is None else method.client_streaming
+
+    async def run(self, call: ServerCall) -> None:
+        method = self.methods[call.path]
+        context = CallContext(call)
+        try:
+            if method.client_streaming:
+                requests = _request_stream(call, method.request_type)
+            else:
+                requests = _parse(method.request_type, _single_message(call))
+            if method.server_streaming:
+                async for reply in method.handler(requests, context):
+                    call.send_message(reply.SerializeToString())
+            else:
+                reply = await method.handler(requests, context)
+                call.send_message(reply.SerializeToString())
+            call.finish(OK)
+        except AbortCall as exc:
+            call.finish(exc.status, exc.details)
+        except asyncio.CancelledError:
+            call.finish(grpc.StatusCode.CANCELLED.value[0], "cancelled")
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            call.finish(INTERNAL, report_internal_error(exc, method.name,
+                                                        "internal server error", repr(exc)))
+
+
+def service_methods(servicer: object) -> dict[str, Method]:
+    """Every RPC of GRPCInferenceService, bound to the servicer's method of the same name."""
+    service = pb.DESCRIPTOR.services_by_name[SERVICE.split(".")[-1]]
+    return {
+        f"/{service.full_name}/{rpc.name}": Method(
+            rpc.name, getattr(pb, rpc.input_type.name), rpc.client_streaming,
+            rpc.server_streaming, getattr(servicer, rpc.name))
+        for rpc in service.methods
+    }
+
+
+def _single_message(call: ServerCall) -> bytes:
+    if len(call.messages) != 1:
+        raise AbortCall(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a unary call carries exactly one request message, not "
+                        f"{len(call.messages)}")
+    return call.messages.popleft()
+
+
+def _parse(request_type: Any, message: bytes) -> Any:
+    try:
+        return request_type.FromString(message)
+    except DecodeError:
+        raise AbortCall(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"the request is not a valid {request_type.DESCRIPTOR.full_name} "
+                        "message") from None
+
+
+async def _request_stream(call: ServerCall, request_type: Any) -> AsyncIterator[Any]:
+    while (message := await call.read()) is not None:
+        yield _parse(request_type, message)
+
+
+def _deadline_ns(call: ServerCall) -> int | None:
+    """grpc-timeout ("100m", "5S", ...) as a perf_counter deadline; None when absent or bad."""
+    timeout = call.header("grpc-timeout")
+    if not timeout or len(timeout) < 2 or timeout[-1] not in _TIMEOUT_UNITS_NS:
+        return None
+    try:
+        amount = int(timeout[:-1])
+    except ValueError:
+        return None
+    return call.received_ns + amount * _TIMEOUT_UNITS_NS[timeout[-1]]
