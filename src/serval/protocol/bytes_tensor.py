@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import struct
+import sys
 
 import numpy as np
 
@@ -10,6 +12,7 @@ from serval.errors import InvalidInput
 from serval.protocol.dtypes import numpy_dtype
 
 _LENGTH = struct.Struct("<I")
+_LITTLE_ENDIAN = ("<", "|", "=") if sys.byteorder == "little" else ("<", "|")
 
 
 def decode_bytes_elements(raw: memoryview, expected_count: int, input_name: str) -> np.ndarray:
@@ -71,7 +74,7 @@ def tensor_from_raw(
 
     size_source names where the size came from, for the error message.
     """
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if datatype == "BYTES":
         view = memoryview(raw)[start : start + size]
         return decode_bytes_elements(view, count, name).reshape(shape)
@@ -89,4 +92,6 @@ def tensor_to_raw(array: np.ndarray) -> bytes:
     """Row-major little-endian bytes of a tensor; BYTES elements length-prefixed."""
     if array.dtype == object or array.dtype.kind in ("U", "S"):
         return encode_bytes_elements(array)
+    if array.dtype.byteorder in _LITTLE_ENDIAN and array.flags.c_contiguous:
+        return array.tobytes()
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()

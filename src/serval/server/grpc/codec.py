@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
         raise InvalidInput(f"input '{name}': {datatype} has no typed contents field; "
                            "send it in raw_input_contents")
     values = getattr(tensor.contents, field)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if len(values) != count:
         raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, "
                            f"contents.{field} has {len(values)}")
