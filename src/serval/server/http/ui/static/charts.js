@@ -79,7 +79,7 @@ function barChart(svg, bars) {
   const slot = bars.length ? inner / bars.length : inner;
   bars.forEach((b, i) => {
     const bh = h * b.value / yMax;
-    svg.appendChild(svgEl("rect", { class: "bar", x: f.left + i * slot + slot * 0.15, width: slot * 0.7,
+    svg.appendChild(svgEl("rect", { class: "bar-rect", x: f.left + i * slot + slot * 0.15, width: slot * 0.7,
                                     y: f.top + h - bh, height: Math.max(bh, 0.5), "data-label": b.label,
                                     "data-value": b.value }));
     svg.appendChild(svgEl("text", { x: f.left + i * slot + slot / 2, y: f.height - 4, "text-anchor": "middle" }, b.label));
