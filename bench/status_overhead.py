@@ -32,6 +32,8 @@ GOAL_RATIO = 0.97
 
 def main() -> None:
     args = _parse_args()
+    for models in (10, 10_000):
+        _sampler_cost(models)
     work = Path(tempfile.mkdtemp(prefix="serval-status-bench-"))
     baseline_src = _checkout(args.baseline_ref, work / "baseline")
     feeds = random_feeds(model_spec(model_file(args.repository, args.model)), 1, 16)
@@ -75,6 +77,43 @@ def _measure(args: argparse.Namespace, label: str, baseline_src: Path, requests:
         os.environ.pop("PYTHONPATH", None)
         if previous is not None:
             os.environ["PYTHONPATH"] = previous
+
+
+def _sampler_cost(models: int, active_share: float = 0.2) -> None:
+    """CPU the 1 s sampler takes with `models` versions, a fifth of them taking traffic."""
+    import time
+
+    from serval.observability.stats import ModelStats
+    from serval.observability.status import ServerStatus
+    from serval.repository.served import ModelState, ServedModel
+
+    totals = ModelStats("_all", "")
+    versions = [ServedModel(f"m{i}", "1", ModelState.READY, totals=totals) for i in range(models)]
+
+    class Registry:  # what the sampler reads of the registry
+        control, root, loads, evictions, hits, misses = "lazy", Path("."), 0, 0, 0, 0
+        memory_budget_bytes, resident_bytes = None, 0
+        totals = ModelStats("_all", "")
+
+        def all_models(self) -> list[ServedModel]:
+            return versions
+
+    clock = [0.0]
+    status = ServerStatus(Registry(), clock=lambda: clock[0])  # type: ignore[arg-type]
+    busy = versions[: max(1, int(models * active_share))]
+    spent_s = 0.0
+    for second in range(1, 31):
+        for served in busy:
+            served.stats.record_request("success", 1_000_000)
+            served.stats.record_execution(1, 1, 0, 500_000, 0)
+        clock[0] = float(second)
+        started = time.perf_counter()
+        status.sample()
+        if second > 1:  # the first look creates every window: once per server, not per second
+            spent_s += time.perf_counter() - started
+    share = spent_s / 29
+    print(f"sampler: {models:,} versions ({len(busy):,} busy): {share * 1000:.2f} ms per 1 s "
+          f"sample = {share:.2%} of one core")
 
 
 def _watch(port: int, model: str, stop: threading.Event) -> None:

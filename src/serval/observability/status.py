@@ -7,15 +7,18 @@ of recent counters, server-wide totals, and state changes (loads, evictions, swa
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from serval import __version__
 from serval.errors import InvalidInput, ModelNotFound
-from serval.observability.window import Rates, VersionWindow
+from serval.observability.window import POINTS_PER_SECOND, Rates, VersionWindow
 
 if TYPE_CHECKING:
     from serval.repository.registry import ModelRegistry
@@ -83,9 +86,7 @@ class ServerStatus:
         self._clock = clock
         self.started_t_s = clock()
         self._epoch_offset_s = time.time() - self.started_t_s
-        self._windows: dict[tuple[str, str], VersionWindow] = {}
-        self._states: dict[tuple[str, str], str] = {}
-        self._active: set[tuple[str, str]] = set()
+        self._windows: dict[ServedModel, VersionWindow] = {}  # by identity
         self._totals = VersionWindow(registry.totals, self.started_t_s)
         self._events: dict[str, deque[Event]] = {}
         self._server_events: deque[Event] = deque(maxlen=EVENTS_SERVER)
@@ -98,39 +99,35 @@ class ServerStatus:
             await asyncio.sleep(interval_s)
 
     def sample(self) -> None:
-        """One look at every version: new points where counters moved, state changes as events."""
+        """One look at every version: which moved, chart points for the busiest, state changes."""
         now = self._clock()
-        self._sampled_t_s = now
-        first = not self._states
-        seen: set[tuple[str, str]] = set()
+        previous, self._sampled_t_s = self._sampled_t_s, now
+        first = previous == float("-inf")
+        moved: list[tuple[int, VersionWindow]] = []
+        visited = 0
+        windows = self._windows
         for served in self.registry.all_models():
-            key = (served.name, served.version)
-            seen.add(key)
-            window = self._windows.get(key)
-            if window is None or window.stats is not served.stats:
-                window = self._windows[key] = VersionWindow(served.stats, now)
-            elif key in self._active or window.moved():
-                if window.sample(now):
-                    self._active.add(key)
-                else:
-                    self._active.discard(key)
-            self._note_state(served, key, now, first)
-        for key in self._windows.keys() - seen:
-            del self._windows[key]
-            self._states.pop(key, None)
-            self._active.discard(key)
-        self._totals.sample(now)
+            visited += 1
+            window = windows.get(served)
+            if window is None:
+                window = windows[served] = VersionWindow(served.stats, now)
+            elif (requests := window.poll(now, previous)) > 0:
+                moved.append((requests, window))
+            if window.state is not served.state:
+                window.state = served.state
+                if not first:
+                    self._note_event(served, now)
+        for _, window in heapq.nlargest(POINTS_PER_SECOND, moved, key=itemgetter(0)):
+            window.add_point(now)
+        self._totals.poll(now, previous)
+        self._totals.add_point(now)
+        if visited != len(windows):  # versions the registry no longer tracks
+            for gone in windows.keys() - set(self.registry.all_models()):
+                del windows[gone]
 
-    def _note_state(self, served: ServedModel, key: tuple[str, str], now: float,
-                    first: bool) -> None:
-        state = served.state.value
-        if self._states.get(key) == state:
-            return
-        self._states[key] = state
-        if first:
-            return
-        event = Event(now + self._epoch_offset_s, served.name, served.version, state,
-                      served.reason)
+    def _note_event(self, served: ServedModel, now: float) -> None:
+        event = Event(now + self._epoch_offset_s, served.name, served.version,
+                      served.state.value, served.reason)
         self._events.setdefault(served.name, deque(maxlen=EVENTS_PER_MODEL)).append(event)
         self._server_events.append(event)
 
@@ -150,14 +147,14 @@ class ServerStatus:
         for served in registry.all_models():
             by_state[served.state.value] = by_state.get(served.state.value, 0) + 1
             names.add(served.name)
-        recent = totals.recent
-        last = totals.last
+        live = registry.totals
+        requests, successes = live.request_seconds.count, live.outcomes.get("success", 0)
         return {
             "server": {"name": "serval", "version": __version__, "pid": os.getpid(),
                        "uptime_s": round(self._clock() - self.started_t_s, 1),
                        "model_control": registry.control},
-            "recent": self._rates(recent),
-            "requests_total": last.requests, "errors_total": last.requests - last.successes,
+            "recent": self._rates(totals.recent(self._clock())),
+            "requests_total": requests, "errors_total": requests - successes,
             "resident_bytes": registry.resident_bytes,
             "memory_budget_bytes": registry.memory_budget_bytes,
             "process_resident_bytes": process_resident_bytes(),
@@ -177,19 +174,32 @@ class ServerStatus:
         for served in self.registry.all_models():
             if needle in served.name.casefold():
                 groups.setdefault(served.name, []).append(served)
-        rows = [self._row(name, versions) for name, versions in groups.items()]
         if query.state:
-            rows = [row for row in rows if row["state"] == query.state]
-        rows.sort(key=lambda row: row["name"])
+            groups = {name: versions for name, versions in groups.items()
+                      if _serving(versions).state.value == query.state}
+        names = sorted(groups)
         if query.sort != "name":
-            rows.sort(key=lambda row: _sort_value(row[query.sort]), reverse=query.descending)
+            key = self._sort_key(query.sort, self._clock())
+            names.sort(key=lambda name: key(groups[name]), reverse=query.descending)
         elif query.descending:
-            rows.reverse()
+            names.reverse()
         start = (query.page - 1) * query.per_page
-        return {"total": len(rows), "page": query.page, "per_page": query.per_page,
-                "pages": max(1, -(-len(rows) // query.per_page)), "sort": query.sort,
+        return {"total": len(names), "page": query.page, "per_page": query.per_page,
+                "pages": max(1, -(-len(names) // query.per_page)), "sort": query.sort,
                 "order": "desc" if query.descending else "asc",
-                "models": rows[start:start + query.per_page]}
+                "models": [self._row(name, groups[name])
+                           for name in names[start:start + query.per_page]]}
+
+    def _sort_key(self, sort: str, now: float) -> Callable[[list[ServedModel]], Any]:
+        """Only what the sort needs, for every matching model (a p99 costs more than a rate)."""
+        if sort == "requests_per_s":
+            return lambda versions: sum(self._window(s).recent_requests_per_s(now)
+                                        for s in versions)
+        if sort == "resident_bytes":
+            return lambda versions: sum(s.memory_bytes for s in versions)
+        if sort == "state":
+            return lambda versions: _serving(versions).state.value
+        return lambda versions: _sort_value(self._row(versions[0].name, versions)["p99_ms"])
 
     def model_detail(self, name: str) -> dict[str, Any]:
         """Versions (with the repository's history), recent series, batch sizes, events."""
@@ -219,16 +229,15 @@ class ServerStatus:
     # pieces ----------------------------------------------------------------------------------
 
     def _window(self, served: ServedModel) -> VersionWindow:
-        window = self._windows.get((served.name, served.version))
-        if window is None or window.stats is not served.stats:
-            window = VersionWindow(served.stats, self._clock())
-        return window
+        window = self._windows.get(served)
+        return VersionWindow(served.stats, self._clock()) if window is None else window
 
     def _row(self, name: str, versions: list[ServedModel]) -> dict[str, Any]:
         """A table row: the version that answers unversioned requests, and recent figures."""
-        ready = [s for s in versions if s.state.value == "READY"]
-        serving = max(ready or versions, key=lambda s: int(s.version))
-        recents = [r for r in (self._window(s).recent for s in versions) if r is not None]
+        serving = _serving(versions)
+        ready = serving.state.value == "READY"
+        now = self._clock()
+        recents = [r for r in (self._window(s).recent(now) for s in versions) if r is not None]
         executions = sum(r.executions for r in recents)
         batch = sum((r.batch_mean or 0) * r.executions for r in recents)
         p99s = [r.p99_ms for r in recents if r.p99_ms is not None]
@@ -246,7 +255,7 @@ class ServerStatus:
         }
 
     def _version(self, served: ServedModel) -> dict[str, Any]:
-        recent = self._window(served).recent
+        recent = self._window(served).recent(self._clock())
         return {"version": served.version, "state": served.state.value, "reason": served.reason,
                 "resident_bytes": served.memory_bytes, "in_flight": served.in_flight,
                 "queued": served.pending_requests,
@@ -296,6 +305,12 @@ def _int_param(params: dict[str, str], key: str, default: int, low: int, high: i
     if not low <= value <= high:
         raise InvalidInput(f"{key} must be an integer from {low} to {high}, got {raw!r}")
     return value
+
+
+def _serving(versions: list[ServedModel]) -> ServedModel:
+    """The version an unversioned request reaches: the newest ready one, else the newest."""
+    ready = [s for s in versions if s.state.value == "READY"]
+    return max(ready or versions, key=lambda s: int(s.version))
 
 
 def _sort_value(value: Any) -> tuple[int, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from serval.observability.stats import LATENCY_BUCKETS_S, ModelStats
 
 SERIES_POINTS = 120  # per-second points kept per version (two minutes)
+POINTS_PER_SECOND = 100  # the busiest versions of each second get a chart point
 WINDOW_S = 10.0  # the "recent" figures cover about this long
 MARK_EVERY_S = 2.0  # spacing of the baselines the recent window is measured from
 _MARKS = int(WINDOW_S / MARK_EVERY_S) + 3
@@ -104,50 +105,87 @@ def quantile(q: float, counts: list[int], bounds: tuple[float, ...] = LATENCY_BU
 
 
 class VersionWindow:
-    """The recent history of one model version's counters."""
+    """The recent history of one model version's counters.
 
-    __slots__ = ("last", "marks", "points", "recent", "stats")
+    poll() runs every second for every version and only compares two integers; a version that
+    moved keeps baselines (a full snapshot every MARK_EVERY_S) while active, and gets a
+    per-second point only when the sampler picks it (the busiest versions of that second).
+    """
+
+    __slots__ = ("full", "marks", "moved_t_s", "point_base", "points", "seen_executions",
+                 "seen_requests", "state", "stats")
 
     def __init__(self, stats: ModelStats, t_s: float) -> None:
         self.stats = stats
-        self.last = Snapshot.of(stats, t_s)
+        self.full = Snapshot.of(stats, t_s)  # the latest full snapshot
+        self.point_base = self.full  # what the next chart point is measured from
+        self.seen_requests, self.seen_executions = self.full.requests, self.full.executions
+        self.moved_t_s = float("-inf")
         self.marks: deque[Snapshot] | None = None  # baselines, only while active
         self.points: deque[Rates] | None = None
-        self.recent: Rates | None = None  # the last ~10 s; None when idle that long
+        self.state: object = None  # the version's state when last sampled (for events)
 
-    def moved(self) -> bool:
+    @property
+    def active(self) -> bool:
+        return self.marks is not None
+
+    def poll(self, t_s: float, previous_t_s: float) -> int:
+        """Requests since the last poll (also > 0 for executions only); cheap when idle."""
         stats = self.stats
-        return (stats.request_seconds.count != self.last.requests
-                or stats.execution_count != self.last.executions)
-
-    def sample(self, t_s: float) -> bool:
-        """Take this second's point if the counters moved; True while still recently active."""
-        if self.moved():
-            snapshot = Snapshot.of(self.stats, t_s)
-            if self.points is None:
-                self.points = deque(maxlen=SERIES_POINTS)
-                self.marks = deque([self.last], maxlen=_MARKS)
-            self.points.append(between(snapshot, self.last))
-            self.last = snapshot
-        elif self.marks is None:
-            return False
-        elif t_s - self.last.t_s > WINDOW_S + MARK_EVERY_S:
-            self.recent, self.marks = None, None  # idle: the window is all zeros now
-            return False
-        self._update_recent(t_s)
-        return True
-
-    def _update_recent(self, t_s: float) -> None:
-        assert self.marks is not None
-        now = replace(self.last, t_s=t_s)
+        requests, executions = stats.request_seconds.count, stats.execution_count
+        moved = requests - self.seen_requests
+        if moved == 0 and executions == self.seen_executions:
+            if self.marks is None:
+                return 0
+            if t_s - self.moved_t_s > WINDOW_S + MARK_EVERY_S:
+                self.marks, self.full = None, Snapshot.of(stats, t_s)  # idle again
+            elif t_s - self.marks[-1].t_s >= MARK_EVERY_S:
+                self._mark(t_s)
+            return 0
+        self.seen_requests, self.seen_executions, self.moved_t_s = requests, executions, t_s
+        if self.marks is None:  # the counters still equalled `full` at the previous poll
+            self.full = replace(self.full, t_s=max(previous_t_s, self.full.t_s))
+            self.marks = deque([self.full], maxlen=_MARKS)
+            self.point_base = self.full
         if t_s - self.marks[-1].t_s >= MARK_EVERY_S:
-            self.marks.append(now)
+            self._mark(t_s)
+        return max(moved, 1)
+
+    def add_point(self, t_s: float) -> None:
+        """A per-second point for the chart: what happened since the last full snapshot."""
+        snapshot = Snapshot.of(self.stats, t_s)
+        if self.points is None:
+            self.points = deque(maxlen=SERIES_POINTS)
+        if snapshot.t_s > self.point_base.t_s:
+            self.points.append(between(snapshot, self.point_base))
+        self.point_base = snapshot
+
+    def _mark(self, t_s: float) -> None:
+        assert self.marks is not None
+        self.full = Snapshot.of(self.stats, t_s)
+        self.marks.append(self.full)
+
+    def _baseline(self, t_s: float) -> Snapshot | None:
+        if self.marks is None:
+            return None
         baseline = self.marks[0]
         for mark in self.marks:
             if t_s - mark.t_s < WINDOW_S:
                 break
             baseline = mark
-        self.recent = between(now, baseline) if baseline.t_s < t_s else None
+        return baseline if baseline.t_s < t_s else None
+
+    def recent(self, t_s: float) -> Rates | None:
+        """The last ~10 s (None when idle that long); computed when asked, not per second."""
+        baseline = self._baseline(t_s)
+        return None if baseline is None else between(Snapshot.of(self.stats, t_s), baseline)
+
+    def recent_requests_per_s(self, t_s: float) -> float:
+        """Only the rate (cheap: what sorting thousands of rows needs)."""
+        baseline = self._baseline(t_s)
+        if baseline is None:
+            return 0.0
+        return (self.stats.request_seconds.count - baseline.requests) / (t_s - baseline.t_s)
 
     def series(self, since_t_s: float) -> list[Rates]:
         return [p for p in self.points or () if p.t_s >= since_t_s]
