@@ -128,12 +128,10 @@ def test_the_detail_view_draws_latency_and_batch_sizes(page: Any) -> None:
     _row(page, "linear").click()
     page.wait_for_selector("#detail:not([hidden])")
     assert page.locator("#d-name").text_content() == "linear"
-    expect(page.locator("#latency-chart")).to_have_attribute(
-        "data-points", re.compile(r"^([3-9]|\d\d+)$"), timeout=15_000)
     p99 = page.locator('#latency-chart polyline[data-series="v1 p99"]')
-    assert p99.count() == 1 and int(p99.get_attribute("data-points")) >= 3
+    expect(p99).to_have_attribute("data-points", re.compile(r"^([6-9]|\d\d+)$"), timeout=20_000)
     box = p99.bounding_box()
-    assert box is not None and box["width"] > 20  # drawn across time, not a dot
+    assert box is not None and box["width"] > 15  # drawn across time, not a dot
     bars = page.locator("#batch-chart rect.bar-rect")
     labels = {bars.nth(i).get_attribute("data-label") for i in range(bars.count())}
     assert {"1", "3"} <= labels  # one-row and three-row requests

@@ -74,7 +74,7 @@ function renderSummary(s) {
     { label: "p50", points: s.series.map((p) => ({ t: p.t, v: p.p50_ms })) },
     { label: "p99", color: "#dc2626", points: s.series.map((p) => ({ t: p.t, v: p.p99_ms })) },
     { label: "queue", color: "#9ca3af", dashed: true, points: s.series.map((p) => ({ t: p.t, v: p.queue_ms })) },
-  ], { now, format: fmtMs });
+  ], { now });
   renderEvents($("events"), s.events, true);
 }
 
@@ -145,7 +145,7 @@ function renderDetail(d) {
     latency.push({ label: `v${s.version} p99`, points: s.points.map((p) => ({ t: p.t, v: p.p99_ms })) });
     rps.push({ label: `v${s.version}`, points: s.points.map((p) => ({ t: p.t, v: p.requests_per_s })) });
   }
-  ServalCharts.lineChart($("latency-chart"), latency, { now, format: fmtMs });
+  ServalCharts.lineChart($("latency-chart"), latency, { now });
   ServalCharts.lineChart($("rps-chart"), rps, { now });
   ServalCharts.barChart($("batch-chart"), d.batch_sizes.map((b) => ({ label: String(b.batch_size), value: b.executions })));
   renderEvents($("d-events"), d.events, false);

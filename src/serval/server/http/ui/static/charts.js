@@ -18,6 +18,12 @@ function niceMax(value) {
   return 10 * step;
 }
 
+function axisLabel(v) {
+  if (v === 0) return "0";
+  if (v >= 1000) return `${(v / 1000).toFixed(v >= 10000 ? 0 : 1)}k`;
+  return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1).replace(/\.0$/, "") : String(+v.toPrecision(2));
+}
+
 function frame(svg) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const box = svg.getBoundingClientRect();
@@ -39,7 +45,7 @@ function lineChart(svg, series, opts) {
   const f = frame(svg);
   const spanS = (opts && opts.spanS) || 120;
   const now = (opts && opts.now) || Date.now() / 1000;
-  const fmt = (opts && opts.format) || ((v) => (v >= 100 ? v.toFixed(0) : v.toPrecision(2)));
+  const fmt = axisLabel;
   let yMax = 0, drawn = 0;
   for (const s of series) for (const p of s.points) if (p.v != null) yMax = Math.max(yMax, p.v);
   yMax = niceMax(yMax * 1.05);
@@ -61,8 +67,9 @@ function lineChart(svg, series, opts) {
       svg.appendChild(line);
       drawn += pts.length;
     }
-    svg.appendChild(svgEl("text", { class: "legend", x: f.left + 6 + i * 90, y: f.top + 10, fill: color,
-                                    style: `fill:${color}` }, s.label));
+    const legend = svgEl("text", { class: "legend", x: f.left + 6 + i * 90, y: f.top + 10 }, s.label);
+    legend.style.fill = color;  // CSSOM, which the page's CSP allows (style attributes it does not)
+    svg.appendChild(legend);
   });
   svg.dataset.points = String(drawn);
   if (!drawn) {
@@ -74,7 +81,7 @@ function lineChart(svg, series, opts) {
 function barChart(svg, bars) {
   const f = frame(svg);
   const yMax = niceMax(Math.max(0, ...bars.map((b) => b.value)));
-  yAxis(svg, f, yMax, (v) => (v >= 1000 ? (v / 1000).toFixed(1) + "k" : v.toFixed(0)));
+  yAxis(svg, f, yMax, axisLabel);
   const inner = f.width - f.left - f.right, h = f.height - f.top - f.bottom;
   const slot = bars.length ? inner / bars.length : inner;
   bars.forEach((b, i) => {
