@@ -189,3 +189,19 @@ def test_ten_thousand_models_page_on_the_server(
     summary = _get(server, "/status")
     assert summary["models"]["names"] == 10_000
     assert summary["models"]["by_state"] == {"READY": 2, "UNAVAILABLE": 9_998}
+
+
+@pytest.mark.slow
+def test_the_built_wheel_ships_the_page_assets(tmp_path: Path) -> None:
+    import zipfile
+
+    from tests.conftest import ROOT
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--wheel-dir", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("serval-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for asset in ("index.html", "app.js", "charts.js", "style.css"):
+        assert f"serval/server/http/ui/static/{asset}" in names
