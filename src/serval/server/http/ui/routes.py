@@ -43,7 +43,7 @@ class StatusRoutes:
         return parts == [""] or parts[0] == "ui"
 
     def asset(self, method: str, parts: list[str]) -> Reply:
-        if method not in ("GET", "HEAD"):
+        if method != "GET":
             return 405, error_body(f"method {method} not allowed for the status page"), list(
                 JSON_HEADERS)
         name = "index.html" if parts in ([""], ["ui"], ["ui", ""]) else "/".join(parts[1:])
