@@ -12,6 +12,8 @@ PORT   ?= 8000
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@# the browser tests (tests/e2e) drive Debian's chromium; Playwright never downloads one
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

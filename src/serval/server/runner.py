@@ -29,6 +29,7 @@ from serval.observability.metrics import (
     RegistryMetricsCollector,
     build_registry,
 )
+from serval.observability.status import ServerStatus
 from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
@@ -110,7 +111,9 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
             registry.load_seconds)),
     )
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
-    app = HttpApp(dataplane, metrics, auth)
+    status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
+    sampler = asyncio.create_task(status.run())
+    app = HttpApp(dataplane, metrics, auth, status)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock,
@@ -130,6 +133,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     dataplane.set_ready(False)
     if watcher is not None:
         watcher.cancel()
+    sampler.cancel()
     server.close()
     await asyncio.gather(
         tracker.shutdown(GRACEFUL_SHUTDOWN_S),

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
+from serval.observability.status import ServerStatus
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
 from serval.server.http.errors import (
     JSON_HEADERS,
@@ -22,6 +23,7 @@ from serval.server.http.errors import (
     serval_error_response,
     unexpected_error_response,
 )
+from serval.server.http.ui.routes import StatusRoutes
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +37,24 @@ class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""
 
     def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry,
-                 auth: TokenStore | None = None) -> None:
+                 auth: TokenStore | None = None, status: ServerStatus | None = None) -> None:
         self.dataplane = dataplane
         self.metrics = metrics
         self.auth = auth  # None: no authentication
+        self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
 
-    async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes) -> Reply:
+    async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
+                     query: str = "") -> Reply:
         """One complete request in, (status, body, headers) out; never raises."""
         try:
-            return await self._route(method, path, headers, body)
+            return await self._route(method, path, headers, body, query)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
         except Exception as exc:
             return unexpected_error_response(exc, f"{method} {path}")
 
-    async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes) -> Reply:
+    async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
+                     query: str = "") -> Reply:
         parts = path.strip("/").split("/")
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
@@ -62,6 +67,11 @@ class HttpApp:
         if parts == ["metrics"] and method == "GET":
             self._authorize(headers, Action.READ)
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
+        if StatusRoutes.is_asset(parts):  # the status page: open, it holds no data
+            return self.status.asset(method, parts)
+        if parts[0] == "status":  # the status page's JSON
+            self._authorize(headers, Action.READ)
+            return self.status.json(method, parts[1:], query)
         return _not_found(method, path)
 
     def _authorize(self, headers: RawHeaders, action: Action, model: str = "") -> None:

@@ -34,6 +34,7 @@ class _Request:
     headers: RawHeaders
     body: bytes
     keep_alive: bool
+    query: str = ""
 
 
 @dataclass
@@ -115,10 +116,12 @@ class HttpProtocol(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        path = unquote(httptools.parse_url(self.url).path.decode("latin-1"))
+        url = httptools.parse_url(self.url)
+        path = unquote(url.path.decode("latin-1"))
         request = _Request(
             self.parser.get_method().decode("ascii"), path, self.headers,
             b"".join(self.body), self.parser.should_keep_alive(),
+            url.query.decode("latin-1") if url.query else "",
         )
         self.pending.append(request)
         if self.handler is None:
@@ -131,7 +134,7 @@ class HttpProtocol(asyncio.Protocol):
             while self.pending and self.transport is not None:
                 request = self.pending.popleft()
                 reply = await self.app.handle(request.method, request.path, request.headers,
-                                              request.body)
+                                              request.body, request.query)
                 self._write(reply, request.keep_alive and not self.closing)
                 if not request.keep_alive or self.closing:
                     self.transport.close()
