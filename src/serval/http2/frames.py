@@ -1,4 +1,4 @@
-"""HTTP/2 frames (RFC 9113): type, flag, setting and error numbers; building and splitting frames."""
+"""HTTP/2 frames (RFC 9113): the numbers, and building and reading frames."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def data_frames(stream_id: int, payload: bytes | memoryview, max_frame_bytes: in
 def parse_settings(payload: bytes) -> dict[int, int]:
     if len(payload) % 6:
         raise ProtocolError("SETTINGS payload is not a multiple of 6 bytes", FRAME_SIZE_ERROR)
-    return dict(_SETTING.iter_unpack(payload))  # type: ignore[arg-type]
+    return dict(_SETTING.iter_unpack(payload))
 
 
 def parse_u32(payload: bytes, what: str) -> int:

@@ -42,7 +42,7 @@ def grpc_message(payload: bytes) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("buffer", "status", "message", "send_window", "unacked")
+    __slots__ = ("buffer", "message", "send_window", "status", "unacked")
 
     def __init__(self, send_window: int) -> None:
         self.buffer = b""

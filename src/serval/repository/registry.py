@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -133,9 +132,12 @@ class ModelRegistry:
             )
         return served
 
-    @asynccontextmanager
-    async def acquire(self, name: str, version: str | None = None) -> AsyncIterator[ServedModel]:
-        """A ready model version, loaded on demand where allowed, pinned while in use."""
+    def acquire(self, name: str, version: str | None = None) -> Lease:
+        """`async with registry.acquire(...) as served`: a ready model version, loaded on
+        demand where allowed, pinned while in use."""
+        return Lease(self, name, version)
+
+    async def _pin(self, name: str, version: str | None) -> ServedModel:
         served = self.get(name, version)
         if served.state is ModelState.READY:
             self.hits += 1
@@ -144,10 +146,7 @@ class ModelRegistry:
             await self._load_on_demand(served)
         served.in_flight += 1
         served.last_used_ns = self._clock()
-        try:
-            yield served
-        finally:
-            served.in_flight -= 1
+        return served
 
     def all_models(self) -> list[ServedModel]:
         return [served for versions in self._models.values() for served in versions.values()]
@@ -327,3 +326,21 @@ class ModelRegistry:
             await batcher.close()
         if model is not None:
             model.unload()
+
+
+class Lease:
+    """Pins one model version for the body of an `async with` (no generator per request)."""
+
+    __slots__ = ("_name", "_registry", "_served", "_version")
+
+    def __init__(self, registry: ModelRegistry, name: str, version: str | None) -> None:
+        self._registry, self._name, self._version = registry, name, version
+        self._served: ServedModel | None = None
+
+    async def __aenter__(self) -> ServedModel:
+        self._served = await self._registry._pin(self._name, self._version)
+        return self._served
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._served is not None:
+            self._served.in_flight -= 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import struct
 import time
 import zlib
@@ -218,6 +219,9 @@ class GrpcConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # find peers that vanished without closing (long-lived channels)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.write(h2.settings_frame({
             h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTES,
             h2.MAX_FRAME_SIZE: _MAX_RECEIVED_FRAME_BYTES,

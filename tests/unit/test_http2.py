@@ -1,0 +1,82 @@
+"""HTTP/2 frames and HPACK: our decoder against the hpack library's encoder, framing edge cases."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hpack import Decoder, Encoder
+
+from serval.http2 import frames as h2
+from serval.http2.hpack import HpackDecoder, encode_headers
+from serval.server.grpc.connection import percent_encode
+
+pytestmark = pytest.mark.unit
+
+
+def _random_headers(rng: random.Random, index: int) -> list[tuple[str, str]]:
+    return [(":method", "POST"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            ("grpc-timeout", f"{rng.randint(1, 99_999)}m"),
+            (f"x-meta-{index % 40}", "v" * rng.randint(0, 400)),
+            ("content-type", "application/grpc")]
+
+
+@pytest.mark.parametrize("table_bytes", [4096, 256, 0])
+def test_decoder_follows_an_indexing_encoder_through_evictions(table_bytes: int) -> None:
+    rng = random.Random(table_bytes)
+    encoder, decoder = Encoder(), HpackDecoder()
+    encoder.header_table_size = table_bytes  # emits a table size update in the next block
+    for index in range(1_500):
+        headers = _random_headers(rng, index)
+        assert decoder.decode(encoder.encode(headers, huffman=index % 2 == 0)) == headers
+    assert decoder.table_bytes <= table_bytes
+
+
+def test_cached_blocks_are_not_reused_after_the_table_changes() -> None:
+    encoder, decoder = Encoder(), HpackDecoder()
+    decoder.decode(encoder.encode([("x-a", "1")]))  # x-a: 1 now at dynamic index 62
+    indexed = bytes([0x80 | 62])
+    assert decoder.decode(indexed) == [("x-a", "1")]
+    decoder.decode(encoder.encode([("x-b", "2")]))  # x-b: 2 takes index 62
+    assert decoder.decode(indexed) == [("x-b", "2")]
+
+
+@pytest.mark.parametrize("block", [b"\x82\x84\x40", b"\xff", b"\xbf\x80", b"\x00\x85ab"])
+def test_truncated_or_out_of_range_blocks_are_protocol_errors(block: bytes) -> None:
+    with pytest.raises(h2.ProtocolError):
+        HpackDecoder().decode(block)
+
+
+def test_our_literal_encoding_decodes_with_the_reference_decoder() -> None:
+    headers = [(":status", "200"), ("content-type", "application/grpc"),
+               ("grpc-message", "x" * 300)]
+    assert Decoder().decode(encode_headers(headers)) == headers
+
+
+def test_frame_reader_reassembles_frames_split_anywhere() -> None:
+    stream = (h2.frame(h2.HEADERS, h2.END_HEADERS, 1, b"abc")
+              + h2.frame(h2.DATA, h2.END_STREAM, 1, b"x" * 1000) + h2.window_update(0, 5))
+    for cut in (1, 8, 9, 12, 500, len(stream) - 1):
+        reader = h2.FrameReader(16_384)
+        got = list(reader.feed(stream[:cut])) + list(reader.feed(stream[cut:]))
+        assert [(kind, flags, sid, len(payload)) for kind, flags, sid, payload in got] == [
+            (h2.HEADERS, h2.END_HEADERS, 1, 3), (h2.DATA, h2.END_STREAM, 1, 1000),
+            (h2.WINDOW_UPDATE, 0, 0, 4)]
+
+
+def test_oversized_frames_and_bad_settings_are_refused() -> None:
+    with pytest.raises(h2.ProtocolError, match="exceeds"):
+        list(h2.FrameReader(100).feed(h2.frame(h2.DATA, 0, 1, b"x" * 101)))
+    with pytest.raises(h2.ProtocolError, match="multiple of 6"):
+        h2.parse_settings(b"\x00\x04\x00")
+
+
+def test_padding_is_stripped() -> None:
+    assert h2.strip_padding(h2.PADDED, b"\x02data\x00\x00") == b"data"
+    with pytest.raises(h2.ProtocolError):
+        h2.strip_padding(h2.PADDED, b"\x09ab")
+
+
+def test_grpc_message_percent_encoding() -> None:
+    assert percent_encode("shape [1, 2] given") == "shape [1, 2] given"
+    assert percent_encode("100% é\n") == "100%25 %C3%A9%0A"
