@@ -9,7 +9,7 @@ from hpack import Decoder, Encoder
 
 from serval.http2 import frames as h2
 from serval.http2.hpack import HpackDecoder, encode_headers
-from serval.server.grpc.connection import percent_encode
+from serval.server.grpc.stream import percent_encode
 
 pytestmark = pytest.mark.unit
 
