@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ def test_tune_searches_and_writes_the_best_config(tmp_path: Path) -> None:
          "linear", "--slo-p99-ms", "200", "--budget", "60s", "--threads", "1",
          "--max-batch", "8", "--queue-delay-ms", "0", "--instances", "1", "--workers", "1",
          "--concurrency", "1,4", "--trial-duration", "0.4", "--trial-warmup", "0.1"],
-        capture_output=True, text=True, timeout=150)
+        capture_output=True, text=True, timeout=150, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 0, run.stderr + run.stdout
     trials = [line for line in run.stdout.splitlines() if line.startswith("trial")]
     # default, threads=1, max_batch_size=8, then their combination (if it differs)

@@ -25,14 +25,15 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def parse_numbers(text: str, flag: str) -> list[float]:
+def parse_numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
     """'1,16,64' -> [1.0, 16.0, 64.0]; a one-line error naming the flag otherwise."""
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         fail(f"{flag} {text!r}: expected comma-separated numbers, e.g. 1,16,64")
-    if not values or any(v <= 0 for v in values):
-        fail(f"{flag} {text!r}: expected positive numbers")
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        fail(f"{flag} {text!r}: expected {'non-negative' if allow_zero else 'positive'} "
+             "numbers")
     return values
 
 

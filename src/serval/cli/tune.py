@@ -9,6 +9,7 @@ from typing import Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from serval.cli.loadtest import fail, parse_numbers
 
@@ -25,7 +26,7 @@ def parse_budget_s(text: str) -> float:
 
 def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
     """Configured value first (None: the model's own default), then the other candidates."""
-    values = [cast(v) for v in parse_numbers(text, flag)] if text else []
+    values = [cast(v) for v in parse_numbers(text, flag, allow_zero=True)] if text else []
     return (configured, *[v for v in dict.fromkeys(values) if v != configured])
 
 
@@ -80,7 +81,8 @@ def tune_command(
         what = (f"[red]failed: {result.error}[/]" if result.error else
                 f"{result.rps_at_slo:9,.1f} req/s at SLO (c={result.concurrency}, "
                 f"p99 {result.p99_ms:.2f} ms)" if result.rps_at_slo else "SLO not met")
-        console.print(f"trial {number:2d} [{phase:8s}] {result.config.describe():55s} {what}")
+        console.print(f"trial {number:2d} {escape(f'[{phase}]'):10s} "
+                      f"{escape(result.config.describe()):60s} {what}")
 
     search = Search(measure, parse_budget_s(budget), show)
     console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget}")
