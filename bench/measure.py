@@ -20,10 +20,10 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import servers  # noqa: E402
-from serval.cli.loadtest import results_table  # noqa: E402
-from serval.loadtest.ceiling import measure_ceiling  # noqa: E402
-from serval.loadtest.runner import LoadtestSpec, run_loadtest  # noqa: E402
+from bench import servers
+from serval.cli.loadtest import results_table
+from serval.loadtest.ceiling import measure_ceiling
+from serval.loadtest.runner import LoadtestSpec, run_loadtest
 
 console = Console(width=130)
 HARDWARE = "c6a.large"  # the catalog's nearest match to this machine: 2 vCPU, AMD Zen 3
