@@ -26,9 +26,9 @@ def _hw(name: str, usd_per_hour: float) -> Hardware:
 
 # Hyperconnect's light recommender: one T4 pod of g4dn.12xlarge ($1.2725/h) vs inf1.2xlarge.
 CATALOG = Catalog(hardware=[_hw("gpu-pod", 1.2725), _hw("inf1.2xlarge", 0.435)])
-RUNS = [{"label": "gpu", "hardware": "gpu-pod",
+RUNS = [{"label": "gpu", "hardware": "gpu-pod", "model": "recommender",
          "steps": [_step(102, 29), _step(155, 38), _step(210, 55)]},
-        {"label": "inf", "hardware": "inf1.2xlarge",
+        {"label": "inf", "hardware": "inf1.2xlarge", "model": "recommender",
          "steps": [_step(191, 31), _step(307, 38), _step(400, 47, errors=3)]}]
 
 
@@ -61,6 +61,15 @@ def test_steps_over_the_slo_or_failing_do_not_count() -> None:
     unmet = next(r for r in rows if r.hardware.name == "inf1.2xlarge")
     assert unmet.best_rps is None and unmet.reduction is None
     assert usd_per_million(3.6, 1.0) == pytest.approx(1000.0)
+
+
+def test_each_model_is_planned_on_its_own() -> None:
+    other = [{**run, "model": "vit", "steps": [_step(18, 670)]} for run in RUNS]
+    rows = plan(RUNS + other, CATALOG, slo_p99_ms=700)
+    assert [r.model for r in rows] == ["recommender", "recommender", "vit", "vit"]
+    vit = [r for r in rows if r.model == "vit"]
+    assert vit[0].best_rps == vit[1].best_rps == 18  # same rate: reduction = price ratio
+    assert vit[0].reduction == pytest.approx(1 - 0.435 / 1.2725)
 
 
 def test_untagged_or_unknown_hardware_is_refused() -> None:

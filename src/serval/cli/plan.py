@@ -42,17 +42,17 @@ def plan_command(
 def _table(rows: list, slo_p99_ms: float, target_rps: float | None) -> Table:  # type: ignore[type-arg]
     table = Table(title=f"cost at p99 <= {slo_p99_ms:g} ms"
                         + (f", {target_rps:,.0f} req/s" if target_rps else ""))
-    columns = ["hardware", "$/hour", "vCPU", "accelerator", "req/s at SLO", "p99 ms",
+    columns = ["model", "hardware", "$/hour", "vCPU", "accelerator", "req/s at SLO", "p99 ms",
                "$ per 1M", "reduction"]
     if target_rps:
         columns[6:6] = ["replicas", "$/month"]
     for column in columns:
-        table.add_column(column, justify="left" if column in ("hardware", "accelerator")
+        table.add_column(column, justify="left" if column in ("model", "hardware", "accelerator")
                          else "right")
     for row in rows:
         hw = row.hardware
         met = row.best_rps is not None
-        cells = [hw.name, f"{hw.usd_per_hour:.4g}", str(hw.vcpu), hw.accelerator or "-",
+        cells = [row.model, hw.name, f"{hw.usd_per_hour:.4g}", str(hw.vcpu), hw.accelerator or "-",
                  f"{row.best_rps:,.1f}" if met else "SLO not met",
                  f"{row.p99_ms:.2f}" if met else "-"]
         if target_rps:

@@ -18,8 +18,9 @@ MAX_ERROR_SHARE = 0.001  # a step with more failed than this share of requests d
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One hardware option priced at the SLO (None where no step met it)."""
+    """One hardware option for one model, priced at the SLO (None where no step met it)."""
 
+    model: str
     hardware: Hardware
     best_rps: float | None
     p99_ms: float | None
@@ -42,12 +43,12 @@ def usd_per_million(usd_per_hour: float, rps: float) -> float:
 
 def plan(runs: list[dict[str, Any]], catalog: Catalog, slo_p99_ms: float,
          target_rps: float | None = None) -> list[PlanRow]:
-    """One row per hardware measured (runs grouped by their `hardware` tag), cheapest first.
+    """One row per model and hardware measured (runs grouped by model and `hardware` tag).
 
-    The reduction rate compares monthly costs at the target rate when one is given (replicas
-    round up), else costs per million inferences.
+    Per model, cheapest first; the reduction rate compares monthly costs at the target rate
+    when one is given (replicas round up), else costs per million inferences.
     """
-    steps_by_name: dict[str, list[dict[str, Any]]] = {}
+    steps_by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for run in runs:
         name = run.get("hardware")
         if not name:
@@ -55,22 +56,26 @@ def plan(runs: list[dict[str, Any]], catalog: Catalog, slo_p99_ms: float,
                              "(run serval loadtest --hardware NAME)")
         if catalog.get(name) is None:
             raise ValueError(f"hardware {name!r} is not in the catalog")
-        steps_by_name.setdefault(name, []).extend(run["steps"])
-    rows = [_row(catalog, catalog.get(name), steps, slo_p99_ms, target_rps)  # type: ignore[arg-type]
-            for name, steps in steps_by_name.items()]
-    return _with_reductions(rows, target_rps is not None)
+        steps_by_key.setdefault((str(run.get("model", "")), name), []).extend(run["steps"])
+    rows = []
+    for model in dict.fromkeys(model for model, _ in steps_by_key):
+        rows += _with_reductions(
+            [_row(catalog, model, catalog.get(name), steps, slo_p99_ms, target_rps)  # type: ignore[arg-type]
+             for (m, name), steps in steps_by_key.items() if m == model],
+            target_rps is not None)
+    return rows
 
 
-def _row(catalog: Catalog, hardware: Hardware, steps: list[dict[str, Any]],
+def _row(catalog: Catalog, model: str, hardware: Hardware, steps: list[dict[str, Any]],
          slo_p99_ms: float, target_rps: float | None) -> PlanRow:
     best = best_at_slo(steps, slo_p99_ms)
     if best is None or best["throughput_rps"] <= 0:
-        return PlanRow(hardware, None, None, None, None, None, None)
+        return PlanRow(model, hardware, None, None, None, None, None, None)
     rps = float(best["throughput_rps"])
     replicas = math.ceil(target_rps / rps) if target_rps else None
     monthly = (replicas * hardware.usd_per_hour * catalog.hours_per_month
                if replicas is not None else None)
-    return PlanRow(hardware, rps, float(best["p99_ms"]),
+    return PlanRow(model, hardware, rps, float(best["p99_ms"]),
                    usd_per_million(hardware.usd_per_hour, rps), replicas, monthly, None)
 
 
@@ -84,7 +89,7 @@ def _with_reductions(rows: list[PlanRow], by_month: bool) -> list[PlanRow]:
     for row in rows:
         c = cost(row)
         reduction = 1.0 - c / top if c is not None and top else None
-        out.append(PlanRow(row.hardware, row.best_rps, row.p99_ms, row.usd_per_million,
+        out.append(PlanRow(row.model, row.hardware, row.best_rps, row.p99_ms, row.usd_per_million,
                            row.replicas, row.usd_per_month, reduction))
     return sorted(out, key=lambda r: (cost(r) is None, cost(r) or 0.0))
 
@@ -95,7 +100,9 @@ def chart(rows: list[PlanRow], slo_p99_ms: float) -> Any:
 
     plt = _pyplot()
     priced = [r for r in rows if r.usd_per_million is not None]
-    names = [r.hardware.name for r in priced]
+    models = {r.model for r in priced}
+    names = [r.hardware.name if len(models) == 1 else f"{r.model}\n{r.hardware.name}"
+             for r in priced]
     fig, (cost_axes, rps_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
     bars = cost_axes.bar(names, [r.usd_per_million for r in priced], color="tab:red")
     for bar, row in zip(bars, priced, strict=True):
