@@ -34,7 +34,7 @@ def test_overlaid_runs_draw_two_curves_each_and_one_cdf_each() -> None:
     runs = [_run("fp32", 1.0), _run("int8", 0.5), _run("other server", 2.0)]
     fig = figure(runs)
     curves, cdfs = fig.axes
-    assert len(curves.get_lines()) == 6  # p99 + p50 per run
+    assert len(curves.get_lines()) == 9  # p99 + p50 (closed loop) + p99 (open loop) per run
     assert len(cdfs.get_lines()) == 3  # each run's highest-throughput step
     png = png_bytes(fig)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -45,6 +45,9 @@ def test_overlaid_runs_draw_two_curves_each_and_one_cdf_each() -> None:
 
 def test_one_run_draws_a_cdf_per_step_and_a_table() -> None:
     fig = figure([_run("only", 1.0)])
-    assert len(fig.axes[0].get_lines()) == 2 and len(fig.axes[1].get_lines()) == 4
+    assert len(fig.axes[0].get_lines()) == 3 and len(fig.axes[1].get_lines()) == 4
+    closed_only = _run("closed", 1.0)
+    closed_only["steps"] = closed_only["steps"][:3]
+    assert len(figure([closed_only]).axes[0].get_lines()) == 2
     page = html_page([_run("only", 1.0)], png_bytes(fig))
     assert page.count("<tr>") == 5 and "500/s" in page and "c=64" in page

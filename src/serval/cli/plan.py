@@ -45,7 +45,7 @@ def _table(rows: list, slo_p99_ms: float, target_rps: float | None) -> Table:  #
     columns = ["model", "hardware", "$/hour", "vCPU", "accelerator", "req/s at SLO", "p99 ms",
                "$ per 1M", "reduction"]
     if target_rps:
-        columns[6:6] = ["replicas", "$/month"]
+        columns[7:7] = ["replicas", "$/month"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("model", "hardware", "accelerator")
                          else "right")

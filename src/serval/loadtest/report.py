@@ -28,7 +28,8 @@ def _pyplot() -> Any:
 
 
 def figure(runs: list[dict[str, Any]]) -> Any:
-    """Left: p99 (solid) and p50 (dashed) latency against throughput, per run. Right: CDFs.
+    """Left: p99 (solid) and p50 (dashed) against throughput over the closed-loop steps, and
+    the open-loop steps' p99 as crosses, per run. Right: latency CDFs.
 
     One run: a CDF per step. Several runs: each run's CDF at its highest-throughput step.
     """
@@ -38,11 +39,17 @@ def figure(runs: list[dict[str, Any]]) -> Any:
     for index, run in enumerate(runs):
         color = colors[index % len(colors)]
         steps = sorted(run["steps"], key=lambda s: s["throughput_rps"])
-        x = [s["throughput_rps"] for s in steps]
-        curves.plot(x, [s["p99_ms"] for s in steps], "o-", color=color,
-                    label=f"{run['label']} p99")
-        curves.plot(x, [s["p50_ms"] for s in steps], "s--", color=color, alpha=0.6,
-                    label=f"{run['label']} p50")
+        closed = [s for s in steps if s["mode"] == "closed"]
+        opened = [s for s in steps if s["mode"] == "open"]
+        if closed:
+            x = [s["throughput_rps"] for s in closed]
+            curves.plot(x, [s["p99_ms"] for s in closed], "o-", color=color,
+                        label=f"{run['label']} p99")
+            curves.plot(x, [s["p50_ms"] for s in closed], "s--", color=color, alpha=0.6,
+                        label=f"{run['label']} p50")
+        if opened:
+            curves.plot([s["throughput_rps"] for s in opened], [s["p99_ms"] for s in opened],
+                        "x", color=color, markersize=9, label=f"{run['label']} p99, fixed rate")
         for step in _cdf_steps(run, len(runs)):
             pairs = step["cdf_ms"]
             cdfs.plot([p[1] for p in pairs], [p[0] for p in pairs],
