@@ -52,7 +52,7 @@ def _table(rows: list, slo_p99_ms: float, target_rps: float | None) -> Table:  #
     for row in rows:
         hw = row.hardware
         met = row.best_rps is not None
-        cells = [row.model, hw.name, f"{hw.usd_per_hour:.4g}", str(hw.vcpu), hw.accelerator or "-",
+        cells = [row.model, hw.name, f"{hw.usd_per_hour:g}", str(hw.vcpu), hw.accelerator or "-",
                  f"{row.best_rps:,.1f}" if met else "SLO not met",
                  f"{row.p99_ms:.2f}" if met else "-"]
         if target_rps:
