@@ -40,6 +40,7 @@ bench: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS)
 	HF_HUB_OFFLINE=1 $(PY) bench/pipeline.py --repository $(MODELS)
 	HF_HUB_OFFLINE=1 $(PY) bench/torch_backend.py
+	HF_HUB_OFFLINE=1 $(PY) bench/measure.py --repository $(MODELS)
 
 # The many-models and hot-swap benchmarks (minutes; the first writes ~4 GB of models to /tmp).
 bench-models: setup models

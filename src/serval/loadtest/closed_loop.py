@@ -137,6 +137,7 @@ class _State:
     stop_at_ns: int = 0
     latencies: array[int] = field(default_factory=lambda: array("q"))
     served: float = 0.0  # 2xx answers in the window, those crossing its edges in part
+    answered: int = 0  # every 2xx answer, warm-up included
     errors: Counter[str] = field(default_factory=Counter)
     sample: bytes = b""
     sample_status: int = 0
@@ -152,7 +153,7 @@ class _State:
 
     def part(self) -> dict[str, Any]:
         return {"latencies": self.latencies.tobytes(), "served": self.served,
-                "errors": dict(self.errors),
+                "answered": self.answered, "errors": dict(self.errors),
                 "sample": self.sample, "sample_status": self.sample_status}
 
 
@@ -268,6 +269,7 @@ class _Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         state = self.state
         if 200 <= status < 300:
+            state.answered += 1
             if sent >= state.measure_from_ns:
                 state.latencies.append(now - sent)
             if sent >= state.measure_from_ns and now <= state.stop_at_ns:

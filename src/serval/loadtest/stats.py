@@ -21,7 +21,9 @@ class StepResult:
     over the whole run, warm-up included: ``http_<code>`` for non-2xx answers, ``connection``
     for refused or broken connections, ``timeout`` for requests unanswered after the per-request
     timeout, ``bad_response`` for answers that are not HTTP. `sample_body` is the first answer
-    body the first process received (`sample_bodies`: one per process).
+    body the first process received (`sample_bodies`: one per process). `answered` counts every
+    2xx answer of the run, warm-up included (what the server's statistics count as successes);
+    `offered_rps` is the fixed rate of an open-loop step (0 for a closed loop).
     """
 
     concurrency: int
@@ -37,6 +39,9 @@ class StepResult:
     sample_body: bytes = field(default=b"", repr=False)
     sample_status: int = 0
     sample_bodies: list[bytes] = field(default_factory=list, repr=False)
+    answered: int = 0
+    offered_rps: float = 0.0
+    cdf_ms: list[list[float]] = field(default_factory=list, repr=False)  # [percentile, ms]
 
     @property
     def failed(self) -> int:
@@ -62,6 +67,8 @@ def summarize(parts: Iterable[dict[str, Any]], concurrency: int, duration_s: flo
         p50_ms=p50, p90_ms=p90, p99_ms=p99, p999_ms=p999, mean_ms=mean,
         sample_body=first_body, sample_status=first_status,
         sample_bodies=[body for body, _ in samples],
+        answered=int(sum(p.get("answered", 0) for p in parts)),
+        cdf_ms=latency_cdf_ms(latencies),
     )
 
 
@@ -79,6 +86,18 @@ def _percentiles_ms(latencies_ns: np.ndarray) -> tuple[float, float, float, floa
     ms = latencies_ns.astype(np.float64) / 1e6
     p50, p90, p99, p999 = np.percentile(ms, [50, 90, 99, 99.9])
     return float(p50), float(p90), float(p99), float(p999), float(ms.mean())
+
+
+CDF_PERCENTILES = (0.0, 1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0,
+                   97.5, 99.0, 99.5, 99.9, 99.99, 100.0)
+
+
+def latency_cdf_ms(latencies_ns: np.ndarray) -> list[list[float]]:
+    """[percentile, latency ms] pairs on a fixed grid: enough to draw the CDF in a report."""
+    if latencies_ns.size == 0:
+        return []
+    values = np.percentile(latencies_ns.astype(np.float64) / 1e6, CDF_PERCENTILES)
+    return [[p, float(v)] for p, v in zip(CDF_PERCENTILES, values, strict=True)]
 
 
 def window_share(sent_ns: int, done_ns: int, start_ns: int, stop_ns: int) -> float:

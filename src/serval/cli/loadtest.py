@@ -1,0 +1,167 @@
+"""`serval loadtest URL --model M`: closed-loop and open-loop load against any KServe v2 server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import orjson
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from serval.loadtest.runner import LoadtestSpec, run_loadtest
+from serval.loadtest.workloads import WorkloadError
+
+
+def fail(message: str) -> NoReturn:
+    """Exit non-zero with a one-line reason."""
+    typer.echo(f"serval: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def parse_numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
+    """'1,16,64' -> [1.0, 16.0, 64.0]; a one-line error naming the flag otherwise."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        fail(f"{flag} {text!r}: expected comma-separated numbers, e.g. 1,16,64")
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        fail(f"{flag} {text!r}: expected {'non-negative' if allow_zero else 'positive'} "
+             "numbers")
+    return values
+
+
+def loadtest_command(
+    url: str = typer.Argument(..., help="http://host:port (HTTP) or host:port (with --grpc)."),
+    model: str = typer.Option(..., "--model", "-m", help="Model to load."),
+    grpc: bool = typer.Option(False, "--grpc", help="Use the v2 gRPC API instead of HTTP."),
+    concurrency: str = typer.Option(None, "--concurrency", "-c",
+                                    help="Closed-loop sweep, e.g. 1,16,64,256,400."),
+    rate: str = typer.Option(None, "--rate", "-r", help="Open-loop rates (req/s), e.g. 100,200."),
+    duration_s: float = typer.Option(10.0, "--duration", help="Measured seconds per step."),
+    warmup_s: float = typer.Option(2.0, "--warmup", help="Unmeasured seconds before each step."),
+    input_file: Path = typer.Option(None, "--input-file",
+                                    help="A v2 JSON request (or a list of them) to send."),
+    batch: int = typer.Option(1, "--batch", min=1, help="Rows per generated request."),
+    json_body: bool = typer.Option(False, "--json", help="JSON tensors (default: binary)."),
+    processes: int = typer.Option(0, "--processes", min=0, help="Generator processes; 0: auto."),
+    timeout_s: float = typer.Option(30.0, "--timeout", help="Per-request timeout (s)."),
+    metadata_url: str = typer.Option(None, "--metadata-url",
+                                     help="HTTP base URL for metadata when using --grpc."),
+    hardware: str = typer.Option(None, "--hardware", help="Tag results with a catalog name."),
+    label: str = typer.Option(None, "--label", help="Name of this run in reports."),
+    ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
+                                 help="Measure the generator's own ceiling first."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write results as JSON here."),
+) -> None:
+    """Measure throughput and latency (p50/p90/p99/p99.9) at each load level."""
+    levels = parse_numbers(concurrency, "--concurrency") if concurrency else []
+    rates = parse_numbers(rate, "--rate") if rate else []
+    if not levels and not rates:
+        levels = [1.0, 16.0, 64.0]
+    if duration_s <= 0 or warmup_s < 0 or timeout_s <= 0:
+        fail("--duration and --timeout must be > 0, --warmup >= 0")
+    spec = LoadtestSpec(url=url, model=model, protocol="grpc" if grpc else "http",
+                        concurrency=tuple(int(c) for c in levels), rates_rps=tuple(rates),
+                        duration_s=duration_s, warmup_s=warmup_s, processes=processes,
+                        input_file=input_file, batch=batch, binary=not json_body,
+                        timeout_s=timeout_s, hardware=hardware, label=label,
+                        metadata_url=metadata_url)
+    console = Console()
+    results = _run(spec, console, ceiling)
+    console.print(results_table(results))
+    _print_verdicts(console, results)
+    if output is not None:
+        output.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+        console.print(f"results written to {output}")
+
+
+def _run(spec: LoadtestSpec, console: Console, ceiling: bool) -> dict[str, Any]:
+    ceiling_rps = None
+    try:
+        spec.host_port()
+        if ceiling and spec.protocol == "http":
+            from serval.loadtest.ceiling import measure_ceiling
+
+            with console.status("measuring the generator's ceiling (trivial endpoint)..."):
+                ceiling_rps = measure_ceiling(processes=max(1, spec.processes))
+            console.print(f"generator ceiling: {ceiling_rps:,.0f} req/s against a trivial "
+                          "endpoint on this machine")
+        with _progress(console, spec) as (before, after):
+            return run_loadtest(spec, ceiling_rps, on_step=after, before_step=before)
+    except WorkloadError as exc:
+        fail(str(exc))
+
+
+@contextmanager
+def _progress(console: Console, spec: LoadtestSpec) -> Iterator[Any]:
+    """A live bar per step that fills with wall time, a line per finished step."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
+                        console=console, transient=False)
+    total_s = spec.warmup_s + spec.duration_s
+    ticking: dict[str, Any] = {}
+
+    def tick(task: Any, started: float, stop: threading.Event) -> None:
+        while not stop.wait(0.2):
+            progress.update(task, completed=min(total_s, time.monotonic() - started))
+
+    def before(mode: str, level: float) -> None:
+        what = f"concurrency {level:g}" if mode == "closed" else f"rate {level:g}/s"
+        task = progress.add_task(f"{spec.model} {what}", total=total_s, note="running")
+        stop = threading.Event()
+        thread = threading.Thread(target=tick, args=(task, time.monotonic(), stop), daemon=True)
+        thread.start()
+        ticking.update(task=task, stop=stop, thread=thread)
+
+    def after(mode: str, level: float, step: dict[str, Any]) -> None:
+        ticking["stop"].set()
+        ticking["thread"].join()
+        errors = sum(step["errors"].values())
+        progress.update(ticking["task"], completed=total_s,
+                        note=f"{step['throughput_rps']:,.0f} req/s  p99 "
+                             f"{step['p99_ms']:.2f} ms  errors {errors}")
+
+    with progress:
+        yield before, after
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    """One row per step: offered load, requests, throughput, latency percentiles, errors."""
+    table = Table(title=f"{results['label']}: {results['model']} at {results['url']} "
+                        f"({results['protocol']})")
+    for column in ("load", "requests", "req/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
+                   "errors"):
+        table.add_column(column, justify="left" if column in ("load", "errors") else "right")
+    for step in results["steps"]:
+        load = (f"c={step['concurrency']}" if step["mode"] == "closed"
+                else f"{step['offered_rps']:g}/s")
+        errors = ", ".join(f"{k} {v}" for k, v in step["errors"].items()) or "0"
+        table.add_row(load, f"{step['requests']:,}", f"{step['throughput_rps']:,.1f}",
+                      f"{step['p50_ms']:.2f}", f"{step['p90_ms']:.2f}", f"{step['p99_ms']:.2f}",
+                      f"{step['p999_ms']:.2f}", errors)
+    return table
+
+
+def _print_verdicts(console: Console, results: dict[str, Any]) -> None:
+    """Say where the generator itself, or the server on an open-loop step, is the limit."""
+    ceiling_rps = results.get("generator_ceiling_rps")
+    for step in results["steps"]:
+        if step["generator_bound"]:
+            console.print(f"[yellow]warning[/]: {step['throughput_rps']:,.0f} req/s is "
+                          f"{step['throughput_rps'] / ceiling_rps:.0%} of the generator's "
+                          f"ceiling ({ceiling_rps:,.0f}): the generator may be the bottleneck")
+        offered = step["offered_rps"]
+        if offered and step["throughput_rps"] < 0.98 * offered:
+            console.print(f"rate {offered:g}/s: achieved {step['throughput_rps']:,.1f} req/s "
+                          f"({step['throughput_rps'] / offered:.1%}): the server did not keep up")
+    if ceiling_rps:
+        best = max((s["throughput_rps"] for s in results["steps"]), default=0.0)
+        console.print(f"generator ceiling {ceiling_rps:,.0f} req/s = "
+                      f"{ceiling_rps / max(best, 1e-9):.1f}x the best step's throughput")

@@ -1,0 +1,35 @@
+"""`serval report RESULTS... -o report.html`: curves, CDFs and tables from load-test results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from serval.cli.loadtest import fail
+
+
+def report_command(
+    results: list[Path] = typer.Argument(..., help="Results files of `serval loadtest -o`."),
+    output: Path = typer.Option(Path("report.html"), "--output", "-o",
+                                help="report.html (a PNG is written beside it) or report.png."),
+) -> None:
+    """Overlay several load-test results: latency vs throughput, latency CDFs, tables."""
+    from serval.loadtest.report import write_report
+    from serval.loadtest.runner import load_results
+
+    try:
+        runs = [load_results(path) for path in results]
+    except ValueError as exc:
+        fail(str(exc))
+    if output.suffix.lower() == ".png":
+        html_path, png_path = None, output
+    else:
+        html_path, png_path = output, output.with_suffix(".png")
+    try:
+        write_report(runs, html_path, png_path)
+    except RuntimeError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc}")
+    typer.echo("wrote " + " and ".join(str(p) for p in (html_path, png_path) if p))

@@ -1,0 +1,107 @@
+"""`serval tune --repository DIR --model M --slo-p99-ms X`: search the model's serving config."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+
+from serval.cli.loadtest import fail, parse_numbers
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
+
+
+def parse_budget_s(text: str) -> float:
+    """'90', '90s', '10m', '1h' -> seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        fail(f"--budget {text!r}: expected a duration such as 90s, 10m or 1h")
+    return float(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2] or "s"]
+
+
+def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
+    """Configured value first (None: the model's own default), then the other candidates."""
+    values = [cast(v) for v in parse_numbers(text, flag, allow_zero=True)] if text else []
+    return (configured, *[v for v in dict.fromkeys(values) if v != configured])
+
+
+def tune_command(
+    repository: Path = typer.Option(..., "--repository", "-r", help="Model repository."),
+    model: str = typer.Option(..., "--model", "-m", help="Model to tune."),
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help="Latency target: p99 in ms."),
+    budget: str = typer.Option("10m", "--budget", help="Time for the search, e.g. 90s, 10m."),
+    threads: str = typer.Option("1,2", "--threads", help="ONNX Runtime intra-op threads."),
+    inter_op: str = typer.Option("", "--inter-op-threads", help="Inter-op threads to try."),
+    max_batch: str = typer.Option("1,8,32,128", "--max-batch", help="max_batch_size values."),
+    delay: str = typer.Option("0,2,5", "--queue-delay-ms", help="Batch queue delays (ms)."),
+    instances: str = typer.Option("1,2", "--instances", help="Model instances."),
+    workers: str = typer.Option("1,2", "--workers", help="Server worker processes."),
+    concurrency: str = typer.Option("1,4,16,64", "--concurrency",
+                                    help="Clients ramped in each trial until p99 > SLO."),
+    trial_duration_s: float = typer.Option(3.0, "--trial-duration", help="Seconds per step."),
+    trial_warmup_s: float = typer.Option(1.0, "--trial-warmup", help="Warm-up per step."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the best config; write none."),
+) -> None:
+    """Start temporary servers, search the configuration, write the best config.yaml."""
+    from serval.planner.trial import TrialConfig, TrialResult, model_config, run_trial
+    from serval.planner.tuner import Search, SearchSpace, tune, verdict
+
+    model_dir = repository / model
+    if not model_dir.is_dir():
+        fail(f"model folder '{model_dir}' does not exist")
+    config_path = model_dir / "config.yaml"
+    base = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    base = base or {}
+    ort, batching = base.get("onnxruntime", {}), base.get("batching", {})
+    versions = sorted((p.name for p in model_dir.iterdir() if p.name.isdigit()), key=int)
+    space = SearchSpace({
+        "intra_op_threads": _knob(threads, "--threads", ort.get("intra_op_threads")),
+        "inter_op_threads": _knob(inter_op, "--inter-op-threads", ort.get("inter_op_threads")),
+        "max_batch_size": _knob(max_batch, "--max-batch", base.get("max_batch_size")),
+        "max_queue_delay_ms": _knob(delay, "--queue-delay-ms",
+                                    float(batching.get("max_queue_delay_ms", 0.0)), float),
+        "instances": _knob(instances, "--instances", base.get("instances", 1)),
+        "workers": _knob(workers, "--workers", 1),
+        "version": (None, *versions[:-1]),  # other version folders: precision variants
+    })
+    levels = tuple(int(c) for c in parse_numbers(concurrency, "--concurrency"))
+    console = Console()
+
+    def measure(config: TrialConfig) -> TrialResult:
+        return run_trial(model_dir, config, slo_p99_ms, levels, trial_duration_s,
+                         trial_warmup_s)
+
+    def show(phase: str, result: TrialResult) -> None:
+        number = len(search.trials)
+        what = (f"[red]failed: {result.error}[/]" if result.error else
+                f"{result.rps_at_slo:9,.1f} req/s at SLO (c={result.concurrency}, "
+                f"p99 {result.p99_ms:.2f} ms)" if result.rps_at_slo else "SLO not met")
+        console.print(f"trial {number:2d} {escape(f'[{phase}]'):10s} "
+                      f"{escape(result.config.describe()):60s} {what}")
+
+    search = Search(measure, parse_budget_s(budget), show)
+    console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget}")
+    default, best = tune(space, search)
+    console.print(verdict(default, best))
+    _finish(console, config_path, model_config(base, best.config), best.config.workers,
+            dry_run or best.rps_at_slo <= 0)
+
+
+def _finish(console: Console, path: Path, config: dict[str, Any], workers: int,
+            dry_run: bool) -> None:
+    text = yaml.safe_dump(config, sort_keys=False)
+    console.print(f"best config.yaml{' (dry run, not written)' if dry_run else ''}:\n{text}")
+    if workers > 1:
+        console.print(f"serve it with --workers {workers}")
+    if not dry_run:
+        if path.exists():
+            path.with_suffix(".yaml.bak").write_text(path.read_text())
+        path.write_text(text)
+        console.print(f"written to {path}" + (" (previous in config.yaml.bak)"
+                                                if path.with_suffix(".yaml.bak").exists()
+                                                else ""))

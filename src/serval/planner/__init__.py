@@ -1,0 +1,1 @@
+"""Decide from measurements: hardware catalog (prices as data), cost plan, configuration tuner."""
