@@ -37,17 +37,19 @@ class _Window:
     stop_at_ns: int
     latencies: array[int] = field(default_factory=lambda: array("q"))
     served: float = 0.0
+    answered: int = 0  # every successful answer, warm-up included
     errors: Counter[str] = field(default_factory=Counter)
     sample: bytes = b""
 
     def record(self, sent_ns: int, done_ns: int) -> None:
+        self.answered += 1
         if sent_ns >= self.measure_from_ns:
             self.latencies.append(done_ns - sent_ns)
         self.served += window_share(sent_ns, done_ns, self.measure_from_ns, self.stop_at_ns)
 
     def part(self) -> dict[str, Any]:
         return {"latencies": self.latencies.tobytes(), "served": self.served,
-                "errors": dict(self.errors), "sample": self.sample,
+                "answered": self.answered, "errors": dict(self.errors), "sample": self.sample,
                 "sample_status": 200 if self.sample else 0}
 
 
