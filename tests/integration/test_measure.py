@@ -107,12 +107,14 @@ def test_grpc_counts_match_the_servers_statistics(measured: RunningServer,
     step = orjson.loads((tmp_path / "grpc.json").read_bytes())["steps"][0]
     assert step["errors"] == {} and step["answered"] == _successes(measured) - before
     assert step["throughput_rps"] == pytest.approx(100, rel=0.05)
+    before = _successes(measured)
     closed = _serval("loadtest", measured.grpc_url, "--grpc", "--metadata-url", measured.base,
                      "--model", "linear", "--concurrency", "2", "--duration", "0.5",
                      "--warmup", "0.1", "-o", str(tmp_path / "grpc-closed.json"))
     assert closed.returncode == 0, closed.stderr + closed.stdout
     step = orjson.loads((tmp_path / "grpc-closed.json").read_bytes())["steps"][0]
     assert step["mode"] == "closed" and step["requests"] > 0 and step["errors"] == {}
+    assert step["answered"] == _successes(measured) - before
 
 
 def test_open_loop_holds_its_schedule(measured: RunningServer) -> None:
