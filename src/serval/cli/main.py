@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from serval import __version__
-from serval.cli import models, repo, serve, token
+from serval.cli import models, optimize, repo, serve, token
 
 app = typer.Typer(
     name="serval",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("serve")(serve.serve_command)
+app.command("optimize")(optimize.optimize_command)
 app.add_typer(models.app, name="models")
 app.add_typer(repo.app, name="repo")
 app.add_typer(token.app, name="token")
