@@ -57,6 +57,15 @@ def sklearn_pipeline(path: Path) -> Path:
     return path
 
 
+class _LastHidden(nn.Module):
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+
 def tiny_bert(path: Path) -> Path:
     """A 2-layer BERT (hidden 64, 4 heads, vocab 500) exported as the zoo exports MiniLM."""
     from transformers import BertConfig, BertModel
@@ -65,7 +74,7 @@ def tiny_bert(path: Path) -> Path:
     config = BertConfig(vocab_size=500, hidden_size=64, num_hidden_layers=2,
                         num_attention_heads=4, intermediate_size=128,
                         max_position_embeddings=64, attn_implementation="eager")
-    model = BertModel(config).eval()
+    model = _LastHidden(BertModel(config)).eval()
     ids = torch.randint(1, 500, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
     names = ["input_ids", "attention_mask", "last_hidden_state"]

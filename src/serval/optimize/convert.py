@@ -74,9 +74,10 @@ def convert(source: str, out: Path, inputs: list[TensorArg], output_names: list[
         return _from_torch(module, out, inputs, output_names, "torchscript", path.name)
     if ":" in source and not path.exists():
         return _from_torch(_factory(source), out, inputs, output_names, "torch", source)
-    raise ConfigError(f"{source}: expected a .onnx file, a TorchScript file ({', '.join(
-        TORCHSCRIPT_SUFFIXES)}), a pickled scikit-learn model ({', '.join(SKLEARN_SUFFIXES)}) "
-                      "or module:factory returning a torch nn.Module")
+    torchscript, sklearn = ", ".join(TORCHSCRIPT_SUFFIXES), ", ".join(SKLEARN_SUFFIXES)
+    raise ConfigError(f"{source}: expected a .onnx file, a TorchScript file ({torchscript}), "
+                      f"a pickled scikit-learn model ({sklearn}) or module:factory returning "
+                      "a torch nn.Module")
 
 
 def _onnx_reference(path: Path) -> Reference:

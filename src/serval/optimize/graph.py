@@ -66,8 +66,8 @@ def looks_like_bert(model: Any) -> bool:
 
 
 def detect_attention(model: Any, num_heads: int = 0, hidden_size: int = 0) -> tuple[int, int]:
-    """(heads, hidden) from the graph: hidden is the LayerNorm width, heads the Reshape constant
-    h that is followed by hidden/h (the [batch, seq, heads, head_size] split)."""
+    """(heads, hidden) from the graph: hidden is the LayerNorm width, heads come from the Reshape
+    that splits it ([batch, seq, heads, head_size], or -1 for the heads)."""
     from onnx import numpy_helper
 
     constants = _constants(model, numpy_helper)
@@ -85,6 +85,8 @@ def detect_attention(model: Any, num_heads: int = 0, hidden_size: int = 0) -> tu
         for first, second in zip(values, values[1:], strict=False):
             if first and second and first > 1 and first * second == hidden:
                 return num_heads or first, hidden
+            if first == -1 and second and second > 1 and hidden % second == 0:
+                return num_heads or hidden // second, hidden  # [batch, seq, -1, head_size]
     raise ConfigError("cannot detect the number of attention heads; pass --num-heads")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from serval.optimize import convert, graph, measure, parity, quantize, report, samples
-from serval.optimize.samples import Feeds, InputSpec
+from serval.optimize.samples import DEFAULT_SEQUENCE, Feeds, InputSpec
 
 PARITY_CHUNK = 256
 Progress = Callable[[str], None]
@@ -37,7 +37,7 @@ class Request:
     samples: Path | None = None
     text_tokenizer: Path | None = None
     parity_items: int = 256
-    sequence: int = samples.DEFAULT_SEQUENCE
+    sequence: int = DEFAULT_SEQUENCE
     thresholds: parity.Thresholds = field(default_factory=parity.Thresholds)
     measure: bool = True
     measure_duration_s: float = 2.0
