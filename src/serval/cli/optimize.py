@@ -9,6 +9,7 @@ from rich.console import Console
 
 from serval.errors import ConfigError
 
+MODES = ("int8-dynamic", "int8-static", "fp16")  # quantize.MODES, without importing onnx here
 SOURCE_HELP = ("A .onnx file, a TorchScript file (.pt), a pickled scikit-learn model (.pkl, "
                ".joblib) or module:factory returning a torch nn.Module.")
 
@@ -50,8 +51,11 @@ def optimize_command(
     """Make a model cheaper and prove it still answers the same; publish only if it does."""
     if publish is not None and not model:
         _fail("--publish needs --model NAME")
+    if quantize is not None and quantize not in MODES:
+        _fail(f"--quantize {quantize!r}: expected one of {', '.join(MODES)}")
     try:
-        from serval.optimize import convert, parity, quantize as quant, run
+        from serval.optimize import convert, parity, run
+        from serval.optimize import quantize as quant
         from serval.optimize import report as report_module
         from serval.repository import store
 

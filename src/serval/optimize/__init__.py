@@ -1,1 +1,1 @@
-"""`serval optimize`: convert to ONNX, optimize the graph, quantize, prove parity, measure, report."""
+"""`serval optimize`: convert to ONNX, optimize, quantize, prove parity, measure, report."""

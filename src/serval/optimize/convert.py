@@ -73,11 +73,18 @@ def convert(source: str, out: Path, inputs: list[TensorArg], output_names: list[
         module = torch.jit.load(str(path), map_location="cpu").eval()
         return _from_torch(module, out, inputs, output_names, "torchscript", path.name)
     if ":" in source and not path.exists():
+        _require_inputs(source, inputs)
         return _from_torch(_factory(source), out, inputs, output_names, "torch", source)
     torchscript, sklearn = ", ".join(TORCHSCRIPT_SUFFIXES), ", ".join(SKLEARN_SUFFIXES)
     raise ConfigError(f"{source}: expected a .onnx file, a TorchScript file ({torchscript}), "
                       f"a pickled scikit-learn model ({sklearn}) or module:factory returning "
                       "a torch nn.Module")
+
+
+def _require_inputs(name: str, inputs: list[TensorArg]) -> None:
+    if not inputs:
+        raise ConfigError(f"{name}: a torch model needs its inputs declared: --input "
+                          "NAME:DTYPE:DIM... (one per input, dims without the batch axis)")
 
 
 def _onnx_reference(path: Path) -> Reference:
@@ -108,9 +115,7 @@ def _from_torch(module: Any, out: Path, inputs: list[TensorArg], output_names: l
                 kind: str, name: str) -> Converted:
     torch = require("torch")
     require("onnx")
-    if not inputs:
-        raise ConfigError(f"{name}: a torch model needs its inputs declared: --input "
-                          "NAME:DTYPE:DIM... (one per input, dims without the batch axis)")
+    _require_inputs(name, inputs)
     example = tuple(_example(torch, arg) for arg in inputs)
     outputs = output_names or ["output"]
     axes = {n: {0: "batch"} for n in [*(a.name for a in inputs), *outputs]}
@@ -144,7 +149,7 @@ def _from_sklearn(path: Path, out: Path, inputs: list[TensorArg]) -> Converted:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     with path.open("rb") as handle:  # the user's own model file: pickle is how sklearn saves
-        model = pickle.load(handle)  # noqa: S301
+        model = pickle.load(handle)
     features = inputs[0].dims[0] if inputs and inputs[0].dims else getattr(
         model, "n_features_in_", None)
     if features is None:

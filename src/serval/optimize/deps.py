@@ -1,4 +1,4 @@
-"""Optional dependencies of `serval optimize`, imported lazily with a one-line reason when absent."""
+"""Optional libraries of `serval optimize`, imported lazily; a one-line reason when absent."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ the transformer optimizer (attention, LayerNorm, GELU, embedding fusions) for BE
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +83,7 @@ def detect_attention(model: Any, num_heads: int = 0, hidden_size: int = 0) -> tu
         if concat.op_type != "Concat":
             continue
         values = [_scalar(constants, producers, name) for name in concat.input]
-        for first, second in zip(values, values[1:], strict=False):
+        for first, second in itertools.pairwise(values):
             if first and second and first > 1 and first * second == hidden:
                 return num_heads or first, hidden
             if first == -1 and second and second > 1 and hidden % second == 0:

@@ -46,7 +46,18 @@ def quantize(source: Path, out: Path, options: QuantizeOptions,
     onnx = require("onnx")
     model = onnx.load(str(source))
     excluded = _excluded(model, options)
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizer warns through the root logger
+    root = logging.getLogger()  # the quantizer warns through the root logger
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        return _quantize(source, out, options, excluded, model, calibration)
+    finally:
+        root.setLevel(level)
+
+
+def _quantize(source: Path, out: Path, options: QuantizeOptions, excluded: tuple[str, ...],
+              model: Any, calibration: Feeds | None) -> QuantizeResult:
+    onnx = require("onnx")
     if options.mode == "fp16":
         return _fp16(model, out, options, excluded)
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -78,8 +89,13 @@ def _excluded(model: Any, options: QuantizeOptions) -> tuple[str, ...]:
 
 def _static(source: Path, out: Path, options: QuantizeOptions, excluded: tuple[str, ...],
             calibration: Feeds, extra: dict[str, Any]) -> QuantizeResult:
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
-                                          QuantType, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):  # type: ignore[misc]
         def __init__(self) -> None:

@@ -31,7 +31,7 @@ def markdown(report: dict[str, Any]) -> str:
               "| output | items | max abs | max rel | mean cos | min cos | top-1 | sum err "
               "| NaN/Inf |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [_parity_row(o) for o in parity["outputs"]]
-    lines += ["", "## Cost (this machine, in process)", ""] + _cost_table(report["measure"])
+    lines += ["", "## Cost (this machine, in process)", "", *_cost_table(report["measure"])]
     return "\n".join(lines) + "\n"
 
 
@@ -40,7 +40,7 @@ def _details(step: dict[str, Any]) -> str:
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
+    return "-" if value is None else format(value, spec)
 
 
 def _parity_row(o: dict[str, Any]) -> str:
