@@ -137,6 +137,8 @@ def _verdict(fp32: Path, int8: run.Outcome, graph: run.Outcome, lstm: run.Outcom
           f"{fused / rates['fp32 export, level=basic']:.2f}; / export at level=all: "
           f"{fused / rates['fp32 export, level=all']:.2f}")
     print(f"  minilm graph fusions: {graph.report['steps'][1]['fused']}")
+    print(f"  INT8 = graph-optimized, then int8-dynamic with per-channel weights "
+          f"({int8.report['steps'][2]['format']}); lstm FP32 = the torch export")
     return 1 if missed else 0
 
 

@@ -26,7 +26,8 @@ def optimize_command(
     num_heads: int = typer.Option(0, help="Attention heads (default: read from the graph)."),
     hidden_size: int = typer.Option(0, help="Hidden size (default: read from the graph)."),
     quantize: str = typer.Option(None, "--quantize", help="int8-dynamic | int8-static | fp16"),
-    per_channel: bool = typer.Option(False, "--per-channel", help="Per-channel INT8 weights."),
+    per_channel: bool = typer.Option(True, help="INT8 weights with one scale per output "
+                                     "channel (default); --no-per-channel: one per tensor."),
     exclude_nodes: list[str] = typer.Option([], "--exclude-node",
                                             help="Keep this node in full precision."),
     exclude_ops: list[str] = typer.Option([], "--exclude-op",
