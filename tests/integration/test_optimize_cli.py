@@ -3,6 +3,7 @@ server then serves; a parity failure exits 1 and publishes nothing."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+def _serval(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
-                          text=True, timeout=180, cwd=REPO_ROOT)
+                          text=True, timeout=180, cwd=REPO_ROOT, env=env)
 
 
 def _manifest(repository: Path, model: str, version: str) -> dict[str, object]:
@@ -100,3 +101,15 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], rea
     result = _serval("optimize", *args, "--out", str(tmp_path / "out"), "--no-measure")
     assert result.returncode == 2
     assert reason in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_library_names_the_extra_to_install(tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked" / "skl2onnx"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocked.parent)}
+    pickled = optimize_models.sklearn_pipeline(tmp_path / "pipe.pkl")
+    result = _serval("optimize", str(pickled), "--out", str(tmp_path / "out"), env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("serval: this step needs skl2onnx, which is not installed: "
+                                     "pip install 'serval[optimize]'")

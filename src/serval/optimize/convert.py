@@ -69,7 +69,7 @@ def convert(source: str, out: Path, inputs: list[TensorArg], output_names: list[
     if path.suffix in TORCHSCRIPT_SUFFIXES:
         if not path.is_file():
             raise ConfigError(f"{source}: no such TorchScript file")
-        torch = require("torch")
+        torch = require("torch", extra="torch")
         module = torch.jit.load(str(path), map_location="cpu").eval()
         return _from_torch(module, out, inputs, output_names, "torchscript", path.name)
     if ":" in source and not path.exists():
@@ -103,7 +103,7 @@ def _factory(spec: str) -> Any:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"{spec}: cannot import the factory ({exc})") from None
-    torch = require("torch")
+    torch = require("torch", extra="torch")
     module = factory()
     if not isinstance(module, torch.nn.Module):
         raise ConfigError(f"{spec}: the factory returned {type(module).__name__}, not a "
@@ -113,7 +113,7 @@ def _factory(spec: str) -> Any:
 
 def _from_torch(module: Any, out: Path, inputs: list[TensorArg], output_names: list[str],
                 kind: str, name: str) -> Converted:
-    torch = require("torch")
+    torch = require("torch", extra="torch")
     require("onnx")
     _require_inputs(name, inputs)
     example = tuple(_example(torch, arg) for arg in inputs)
