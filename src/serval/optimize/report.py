@@ -36,7 +36,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _details(step: dict[str, Any]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in step.items() if k != "step" and v not in ({}, [], ""))
+    shown = {k: v for k, v in step.items() if k != "step" and v not in ({}, [], (), "")}
+    return ", ".join(f"{k}: {v}" for k, v in shown.items())
 
 
 def _fmt(value: float | None, spec: str) -> str:
