@@ -23,9 +23,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"- Steps: {', '.join(s['step'] for s in report['steps'])}",
              f"- Parity: **{'PASSED' if parity['passed'] else 'FAILED'}** on "
              f"{parity['inputs']['items']} items ({parity['inputs']['kind']}) against "
-             f"{parity['reference']}", ""]
+             f"{parity['reference']}"]
     lines += [f"  - {failure}" for failure in parity["failures"]]
-    lines += ["## Steps", "", "| step | details |", "|---|---|"]
+    lines += ["", "## Steps", "", "| step | details |", "|---|---|"]
     lines += [f"| {s['step']} | {_details(s)} |" for s in report["steps"]]
     lines += ["", "## Parity", "",
               "| output | items | max abs | max rel | mean cos | min cos | top-1 | sum err "
