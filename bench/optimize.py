@@ -158,7 +158,8 @@ def _explain_lstm(lstm: run.Outcome) -> None:
     agree = want.argmax(axis=1) == got.argmax(axis=1)
     clear = margin > 2 * np.abs(want - got).max(axis=1)
     print(f"\nlstm (untrained zoo weights): FP32 top probability median "
-          f"{np.median(ranked[:, -1]):.4f} (uniform = {1 / want.shape[1]:.4f}), top-1/top-2 margin median "
+          f"{np.median(ranked[:, -1]):.4f} (uniform = {1 / want.shape[1]:.4f}), "
+          "top-1/top-2 margin median "
           f"{np.median(margin):.5f}; INT8 max abs error {np.abs(want - got).max():.5f}.")
     print(f"  top-1 agreement {agree.mean():.2%} overall; {agree[clear].mean():.2%} on the "
           f"{clear.mean():.1%} of rows whose FP32 margin exceeds twice that row's INT8 error.")
