@@ -7,7 +7,7 @@ MODELS := examples/models
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup models serve test unit bench bench-models lint proto clean
+.PHONY: setup models serve test unit bench bench-models bench-optimize lint proto clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ bench: setup models
 bench-models: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/many_models.py --models 10000
 	HF_HUB_OFFLINE=1 $(PY) bench/hot_swap.py --repository $(MODELS)
+
+# serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.
+bench-optimize: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/optimize.py --repository $(MODELS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

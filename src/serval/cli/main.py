@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from serval import __version__
-from serval.cli import loadtest, models, plan, repo, report, serve, token, tune
+from serval.cli import loadtest, models, optimize, plan, repo, report, serve, token, tune
 
 app = typer.Typer(
     name="serval",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("serve")(serve.serve_command)
+app.command("optimize")(optimize.optimize_command)
 app.command("loadtest")(loadtest.loadtest_command)
 app.command("report")(report.report_command)
 app.command("tune")(tune.tune_command)

@@ -1,0 +1,1 @@
+"""`serval optimize`: convert to ONNX, optimize, quantize, prove parity, measure, report."""
