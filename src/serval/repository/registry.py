@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
+from serval.backends.isolated import IsolatedBackend
 from serval.backends.pipeline import PipelineModel
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
@@ -254,6 +255,8 @@ class ModelRegistry:
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
+        if spec.config.isolation == "process":
+            backend = IsolatedBackend(backend)
         corrupted = await asyncio.to_thread(verify_version, spec.path)
         if corrupted:
             raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
