@@ -5,9 +5,11 @@ Shared by tests/integration/test_fuzz.py (a few hundred cases in CI) and bench/f
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import zlib
+from urllib.parse import quote
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BYTES", "FP8", "", "fp32"]
@@ -114,14 +117,17 @@ def _dumpable(doc: Any) -> bool:
 
 
 @st.composite
-def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str]) -> FuzzRequest:
+def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
+                 valid: list[FuzzRequest]) -> FuzzRequest:
     """Any request: real and odd routes, every method, valid-ish and garbage bodies."""
+    if valid and draw(st.integers(0, 4)) == 0:
+        return _encoded(draw, draw(st.sampled_from(valid)))
     model = draw(st.sampled_from(models + ODD_NAMES))
     version = draw(st.sampled_from(["", "", "/versions/1", "/versions/0", "/versions/x"]))
     action = draw(st.sampled_from(ACTIONS))
-    path = draw(st.sampled_from([
+    infer_path = f"/v2/models/{model}{version}/infer"
+    path = infer_path if draw(st.booleans()) else draw(st.sampled_from([
         f"/v2/models/{model}{version}/{action}".rstrip("/"),
-        f"/v2/models/{model}{version}/infer", f"/v2/models/{model}{version}/infer",
         f"/v2/repository/models/{model}/{action}", "/v2/repository/index", "/v2",
         "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/metrics",
         "/v2/openapi.json", "/", "/v2/models", "/v2//models//", "/v2/models/%00",
@@ -129,7 +135,8 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str]) -> 
     if draw(st.integers(0, 9)) == 0:
         path = "/" + draw(st.text(st.characters(min_codepoint=33, max_codepoint=126,
                                                 exclude_characters="?#"), max_size=40))
-    method = draw(st.sampled_from(["POST"] * 6 + METHODS))
+    method = draw(st.sampled_from(["POST"] * 6 + METHODS)) if path == infer_path else draw(
+        st.sampled_from(["GET"] * 3 + METHODS))
     headers: dict[str, str] = {}
     kind = draw(st.sampled_from(["infer", "infer", "infer", "json", "bytes", "empty"]))
     if kind == "infer":
@@ -141,38 +148,47 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str]) -> 
         body = draw(st.binary(max_size=512))
     else:
         body = b""
-    encoding = draw(st.sampled_from(["", "", "", "gzip", "deflate", "br", "gzip-broken"]))
-    if encoding == "gzip":
-        body = gzip.compress(body)
-    elif encoding == "deflate":
-        body = zlib.compress(body)
-    if encoding:
-        headers["Content-Encoding"] = encoding.replace("-broken", "")
+    request = _encoded(draw, FuzzRequest(method, path, headers, body), broken=True)
+    headers = request.headers
     if draw(st.integers(0, 5)) == 0:
         headers["Serval-Timeout-Ms"] = draw(st.sampled_from(["0", "-1", "abc", "1e9", "0.001",
                                                              "50", "nan", "inf"]))
     if draw(st.integers(0, 7)) == 0:
         headers["Authorization"] = draw(st.sampled_from(["Bearer", "Bearer x", "Basic a",
                                                          "Bearer " + "a" * 500]))
-    return FuzzRequest(method, path, headers, body)
+    return FuzzRequest(method, path, headers, request.body)
+
+
+def _encoded(draw: st.DrawFn, request: FuzzRequest, broken: bool = False) -> FuzzRequest:
+    """The request with its body sent as is, gzip or deflate (or, if broken, mislabelled)."""
+    choices = ["", "", "", "gzip", "deflate"] + (["br", "gzip-broken"] if broken else [])
+    encoding = draw(st.sampled_from(choices))
+    body, headers = request.body, dict(request.headers)
+    if encoding == "gzip":
+        body = gzip.compress(body)
+    elif encoding == "deflate":
+        body = zlib.compress(body)
+    if encoding:
+        headers["Content-Encoding"] = encoding.replace("-broken", "")
+    return FuzzRequest(request.method, request.path, headers, body)
 
 
 def send(connection: http.client.HTTPConnection, request: FuzzRequest) -> tuple[int, bytes]:
-    connection.request(request.method, request.path.replace(" ", "%20"), body=request.body,
+    connection.request(request.method, quote(request.path, safe="/%"), body=request.body,
                        headers=request.headers)
     response = connection.getresponse()
     return response.status, response.read()
 
 
 def run_fuzz(host: str, port: int, cases: int, models: list[str], input_names: list[str],
-             seed: int | None = None) -> Tally:
+             valid: list[FuzzRequest], seed: int | None = None) -> Tally:
     """Send `cases` generated requests over one keep-alive connection (reopened as needed)."""
     tally = Tally()
     connection = http.client.HTTPConnection(host, port, timeout=30)
 
     @settings(max_examples=cases, deadline=None, database=None, derandomize=seed is not None,
               suppress_health_check=list(HealthCheck), phases=["generate"])
-    @given(fuzz_request(models, input_names))
+    @given(fuzz_request(models, input_names, valid))
     def one(request: FuzzRequest) -> None:
         nonlocal connection
         try:
@@ -192,3 +208,59 @@ def run_fuzz(host: str, port: int, cases: int, models: list[str], input_names: l
     one()
     connection.close()
     return tally
+
+
+@dataclass
+class SchemaTally:
+    """Schemathesis cases run per generation mode, and the checks that failed."""
+
+    cases: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{status}: {n}" for status, n in sorted(self.statuses.items()))
+        return (f"{sum(self.cases.values())} schemathesis cases ({dict(self.cases)}; {counts}); "
+                f"failed checks: {len(self.failures)}")
+
+
+def run_schemathesis(doc: dict[str, Any], base_url: str, cases_per_operation: int,
+                     negative: bool = True) -> SchemaTally:
+    """Every operation of the OpenAPI document, valid (and invalid) data, checked answers."""
+    import schemathesis
+    from schemathesis import GenerationMode
+    from schemathesis.checks import (
+        content_type_conformance,
+        not_a_server_error,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    checks = [not_a_server_error, status_code_conformance, content_type_conformance,
+              response_schema_conformance]
+    tally = SchemaTally()
+    modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if negative else [])
+    schema = schemathesis.openapi.from_dict(doc)
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for mode in modes:
+            _run_operation(operation, mode, base_url, cases_per_operation, checks, tally)
+    return tally
+
+
+def _run_operation(operation: Any, mode: Any, base_url: str, cases: int, checks: list[Any],
+                   tally: SchemaTally) -> None:
+    @settings(max_examples=cases, deadline=None, database=None, phases=["generate"],
+              suppress_health_check=list(HealthCheck))
+    @given(operation.as_strategy(generation_mode=mode))
+    def one(case: Any) -> None:
+        tally.cases[mode.value] += 1
+        try:
+            response = case.call(base_url=base_url)
+            tally.statuses[response.status_code] += 1
+            case.validate_response(response, checks=checks)
+        except Exception as exc:  # a failed check: keep going, report them all
+            tally.failures.append((f"{operation.label} [{mode.value}]", str(exc)[:400]))
+
+    with contextlib.suppress(Unsatisfiable):  # nothing to make invalid (no body, no params)
+        one()
