@@ -19,10 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import servers
 from tests import fixture_models
 from tests.integration.test_fuzz import INPUT_NAMES, MODELS, valid_requests
 from tests.rest_fuzz import run_fuzz, run_schemathesis
+
+from bench import servers
 
 GOAL_REQUESTS = 10_000
 

@@ -9,10 +9,10 @@ import contextlib
 import gzip
 import http.client
 import zlib
-from urllib.parse import quote
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from hypothesis import HealthCheck, given, settings
