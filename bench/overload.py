@@ -16,7 +16,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +50,7 @@ def main() -> None:
         result = run_closed_loop(servers.HOST, port, [_request()], args.clients, args.duration,
                                  warmup_s=5.0, processes=2, timeout_s=60.0)
         stop.set()
-        alive = servers.get_json(port, "/v2/health/ready") is not None
+        alive = bool(servers.get_json(port, "/v2").get("name"))
         stats = servers.get_json(port, "/v2/models/minilm/stats")
     shutil.rmtree(root, ignore_errors=True)
     _report(args, result, samples, alive, stats)
@@ -106,7 +105,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--repository", type=Path, default=Path("examples/models"))
     parser.add_argument("--clients", type=int, default=2000)
     parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--queue", type=int, default=64, help="minilm's max_queue_size")
+    parser.add_argument("--queue", type=int, default=32, help="minilm's max_queue_size")
     parser.add_argument("--timeout-ms", type=float, default=2000.0)
     return parser.parse_args()
 

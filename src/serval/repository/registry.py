@@ -124,9 +124,11 @@ class ModelRegistry:
         versions = self._models.get(name)
         if not versions:
             raise ModelNotFound(f"unknown model '{name}'")
-        if not version:
+        if not version:  # newest ready, else newest loadable (never a failed one first)
             ready = [v for v in versions.values() if v.state is ModelState.READY]
-            return max(ready or versions.values(), key=lambda s: int(s.version))
+            loadable = [v for v in versions.values()
+                        if v.auto_load or v.state is ModelState.LOADING]
+            return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
             raise ModelNotFound(
