@@ -186,13 +186,13 @@ def _exit_reason(exitcode: int | None) -> str:
 
 def send_tensors(conn: Connection, tensors: TensorDict) -> None:
     """Header first; numeric arrays as raw buffers, BYTES (object) arrays pickled."""
-    arrays = {name: np.ascontiguousarray(array) for name, array in tensors.items()}
+    arrays = {name: np.asarray(array) for name, array in tensors.items()}
     conn.send(("tensors", [(name, a.dtype.str, a.shape) for name, a in arrays.items()]))
     for array in arrays.values():
         if array.dtype.hasobject:
             conn.send(array)
-        else:
-            conn.send_bytes(array.reshape(-1).view(np.uint8).data)
+        else:  # ravel copies only what is not C-contiguous already
+            conn.send_bytes(np.ravel(array).view(np.uint8).data)
 
 
 def recv_tensors(conn: Connection) -> TensorDict:
