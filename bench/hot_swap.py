@@ -36,7 +36,8 @@ def main() -> None:
     store.publish(source, repository, "lstm", note="initial")
     shutil.copy(args.repository / "lstm" / "config.yaml", repository / "lstm" / "config.yaml")
     port = servers.free_port()
-    with servers.running(servers.serval_command(repository, port, 1, 0), port,
+    command = [*servers.serval_command(repository, port, 1, 0), "--repository-api"]
+    with servers.running(command, port,
                          "/v2/health/ready", repository / "server.log"):
         requests = _requests(port)
         steady = run_closed_loop(servers.HOST, port, requests, args.clients, args.steady, 2.0)

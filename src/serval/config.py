@@ -122,6 +122,9 @@ class ModelConfig(_Strict):
     )
     outputs: list[TensorConfig] = Field(default_factory=list)
     steps: list[PipelineStep] = Field(default_factory=list, description="backend: pipeline")
+    isolation: Literal["none", "process"] = Field(
+        "none", description="process: the engine runs in a child process, restarted on a crash"
+    )
 
 
 class ServerConfig(_Strict):
@@ -153,6 +156,20 @@ class ServerConfig(_Strict):
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    repository_api: bool | None = Field(
+        None, description="load/unload over the API; None: on with model control lazy/explicit"
+    )
+    max_request_mb: float = Field(256.0, gt=0.0, description="HTTP bodies beyond: 413")
+    max_tensor_elements: int = Field(
+        64 * 1024 * 1024, ge=1, description="elements in one input tensor beyond: 400"
+    )
+
+    @property
+    def repository_api_enabled(self) -> bool:
+        """Triton's rule: model control explicit (and lazy) enable load/unload, else a flag."""
+        if self.repository_api is not None:
+            return self.repository_api
+        return self.model_control != "all"
 
 
 def load_model_config(path: Path, override: dict[str, object] | None = None) -> ModelConfig:

@@ -9,7 +9,14 @@ from typing import Any
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
-from serval.errors import BackendError, InvalidInput, ModelNotReady, Overloaded, ServalError
+from serval.errors import (
+    BackendError,
+    InvalidInput,
+    ModelNotReady,
+    Overloaded,
+    PermissionDenied,
+    ServalError,
+)
 from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import v2_datatype
 from serval.protocol.rest_codec import json_object
@@ -26,9 +33,12 @@ class DataPlane:
     """Inference, metadata, readiness and statistics over the registry's models."""
 
     def __init__(self, registry: ModelRegistry, *, max_inflight: int = 4096,
-                 default_timeout_ms: float = 0.0) -> None:
+                 default_timeout_ms: float = 0.0, repository_api: bool = False,
+                 max_tensor_elements: int = 64 * 1024 * 1024) -> None:
         self.registry = registry
         self.max_inflight = max_inflight
+        self.repository_api = repository_api  # load/unload allowed (both transports ask here)
+        self.max_tensor_elements = max_tensor_elements
         self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
         self._inflight = 0
         self._ready = False
@@ -87,10 +97,19 @@ class DataPlane:
     async def load_model(self, name: str, config_override: str | dict[str, Any] | None = None
                          ) -> None:
         """(Re)load a model; the override is config.yaml settings as an object or JSON text."""
+        self._require_repository_api("load")
         await self.registry.load(name, _config_override(config_override))
 
     async def unload_model(self, name: str) -> None:
+        self._require_repository_api("unload")
         await self.registry.unload(name)
+
+    def _require_repository_api(self, action: str) -> None:
+        if not self.repository_api:
+            raise PermissionDenied(
+                f"model {action} through the repository API is disabled on this server; "
+                "start it with --model-control explicit (or lazy), or with --repository-api"
+            )
 
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         """Triton's statistics extension: every model, or one model (all or one version)."""
@@ -116,12 +135,22 @@ class DataPlane:
         if self._inflight >= self.max_inflight:
             raise Overloaded(f"the server has {self._inflight} requests in flight, its "
                              "limit; retry shortly")
+        self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1
         try:
             return await self._infer_model(name, version, request, received_ns, deadline_ns)
         finally:
             self._inflight -= 1
+
+    def _check_sizes(self, request: InferRequest) -> None:
+        for name, array in request.inputs.items():
+            if array.size > self.max_tensor_elements:
+                raise InvalidInput(
+                    f"input '{name}' has {array.size} elements (shape {list(array.shape)}); "
+                    f"this server accepts at most {self.max_tensor_elements} per tensor "
+                    "(--max-tensor-elements)"
+                )
 
     def _deadline(self, request: InferRequest, received_ns: int,
                   deadline_ns: int | None) -> int | None:

@@ -39,7 +39,7 @@ def secured(server_factory: Callable[..., RunningServer],
     tokens = {"read": _token(tokens_file, "read"), "infer": _token(tokens_file, "infer:lin*"),
               "admin": _token(tokens_file, "admin")}
     assert all(secret not in tokens_file.read_text() for secret in tokens.values())
-    return server_factory(root, "--auth-tokens", str(tokens_file)), tokens
+    return server_factory(root, "--auth-tokens", str(tokens_file), "--repository-api"), tokens
 
 
 def _bearer(secret: str) -> dict[str, str]:

@@ -153,7 +153,7 @@ def test_a_busy_model_is_never_evicted(server_factory: Factory, tmp_path: Path) 
 
 def test_hot_swap_under_load_fails_no_request(server_factory: Factory, tmp_path: Path) -> None:
     _linear_versions(tmp_path, "clf", [1], "max_batch_size: 8\n")
-    server = server_factory(tmp_path)
+    server = server_factory(tmp_path, "--repository-api")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
 
@@ -182,7 +182,7 @@ def test_hot_swap_under_load_fails_no_request(server_factory: Factory, tmp_path:
 def test_a_failing_new_version_leaves_the_old_one_serving(server_factory: Factory,
                                                           tmp_path: Path) -> None:
     _linear_versions(tmp_path, "clf", [1], "max_batch_size: 8\n")
-    server = server_factory(tmp_path)
+    server = server_factory(tmp_path, "--repository-api")
     broken = tmp_path / "clf" / "2"
     broken.mkdir()
     (broken / "model.onnx").write_bytes(b"not a model")

@@ -69,7 +69,7 @@ def test_a_corrupted_version_is_refused_never_served(
 ) -> None:
     repository = tmp_path / "repo"
     _publish_linears(tmp_path, repository, [1])
-    server = server_factory(repository)
+    server = server_factory(repository, "--repository-api")
     _publish_linears(tmp_path, repository, [2])
     (repository / "clf" / "2" / "model.onnx").write_bytes(b"tampered")
     reply = call(server.url, "POST", "/v2/repository/models/clf/load")

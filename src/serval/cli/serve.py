@@ -52,6 +52,18 @@ def serve_command(
         1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
     ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    repository_api: bool = typer.Option(
+        None, "--repository-api/--no-repository-api",
+        help="Allow model load/unload over the API (default: on with --model-control "
+        "explicit or lazy, off with all).",
+    ),
+    max_request_mb: float = typer.Option(
+        256.0, "--max-request-mb", help="Largest HTTP request body (inflated too); beyond: 413."
+    ),
+    max_tensor_elements: int = typer.Option(
+        64 * 1024 * 1024, "--max-tensor-elements",
+        help="Most elements in one input tensor; beyond: 400.",
+    ),
 ) -> None:
     """Serve every model in REPOSITORY over KServe v2 REST and gRPC."""
     from serval.server.runner import serve
@@ -65,7 +77,8 @@ def serve_command(
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
-            log_level=log_level,
+            log_level=log_level, repository_api=repository_api,
+            max_request_mb=max_request_mb, max_tensor_elements=max_tensor_elements,
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None

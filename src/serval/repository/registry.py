@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
+from serval.backends.isolated import IsolatedBackend
 from serval.backends.pipeline import PipelineModel
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ModelNotFound, ModelNotReady
@@ -122,9 +123,11 @@ class ModelRegistry:
         versions = self._models.get(name)
         if not versions:
             raise ModelNotFound(f"unknown model '{name}'")
-        if not version:
+        if not version:  # newest ready, else newest loadable (never a failed one first)
             ready = [v for v in versions.values() if v.state is ModelState.READY]
-            return max(ready or versions.values(), key=lambda s: int(s.version))
+            loadable = [v for v in versions.values()
+                        if v.auto_load or v.state is ModelState.LOADING]
+            return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
             raise ModelNotFound(
@@ -253,6 +256,8 @@ class ModelRegistry:
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
+        if spec.config.isolation == "process":
+            backend = IsolatedBackend(backend)
         corrupted = await asyncio.to_thread(verify_version, spec.path)
         if corrupted:
             raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from serval.errors import ServalError
 from serval.repository.registry import ModelRegistry
+from serval.repository.served import ModelState
 from serval.repository.store import SERVING_FILE
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,11 @@ async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
 
 
 def _tracked_or_eager(registry: ModelRegistry, name: str) -> bool:
-    return registry.control == "all" or bool(registry.ready_versions(name))
+    """Reload under control 'all', or a lazy model that has been loaded (even if evicted since)."""
+    if registry.control == "all" or registry.ready_versions(name):
+        return True
+    return any(registry.get(name, v).state is ModelState.EVICTED
+               for v in registry.versions_of(name))
 
 
 def _signatures(root: Path) -> dict[str, Signature]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import multiprocessing
 import os
 import signal
 import socket
 import ssl
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from serval.auth import TokenStore
@@ -34,6 +32,7 @@ from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from serval.server.grpc.server import GrpcServer
@@ -56,16 +55,10 @@ def serve(config: ServerConfig) -> None:
     if config.workers == 1:
         run_worker(config, reuse_port=False)
         return
-    context = multiprocessing.get_context("spawn")
-    workers = [
-        context.Process(target=run_worker, args=(config, True), name=f"serval-worker-{i}")
-        for i in range(config.workers)
-    ]
-    for worker in workers:
-        worker.start()
-    _forward_stop_signals(workers)
-    for worker in workers:
-        worker.join()
+    configure_logging(config.log_level)
+    code = Supervisor(config.workers, run_worker, (config, True)).run()
+    if code:
+        raise SystemExit(code)
 
 
 def run_worker(config: ServerConfig, reuse_port: bool) -> None:
@@ -101,7 +94,9 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     if config.poll_interval_s > 0:
         watcher = asyncio.create_task(watch_repository(registry, config.poll_interval_s))
     dataplane = DataPlane(registry, max_inflight=config.max_inflight,
-                          default_timeout_ms=config.default_timeout_ms)
+                          default_timeout_ms=config.default_timeout_ms,
+                          repository_api=config.repository_api_enabled,
+                          max_tensor_elements=config.max_tensor_elements)
     metrics = build_registry(
         ModelMetricsCollector(registry.all_models, registry.totals,
                               top_k=config.metrics_top_k),
@@ -113,10 +108,12 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     sampler = asyncio.create_task(status.run())
-    app = HttpApp(dataplane, metrics, auth, status)
+    max_body_bytes = int(config.max_request_mb * 1024 * 1024)
+    app = HttpApp(dataplane, metrics, auth, status, max_body_bytes)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpProtocol(app, tracker), sock=sock,
+    server = await loop.create_server(lambda: HttpProtocol(app, tracker, max_body_bytes),
+                                      sock=sock,
                                       ssl=_tls_context(config))
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth)
     stop = asyncio.Event()
@@ -176,13 +173,3 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     sock.listen(4096)
     sock.setblocking(False)
     return sock
-
-
-def _forward_stop_signals(workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    def forward(signum: int, _frame: object) -> None:
-        for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                os.kill(worker.pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)

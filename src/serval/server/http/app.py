@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 import time
 import zlib
@@ -18,11 +17,13 @@ from serval.observability.status import ServerStatus
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
 from serval.server.http.errors import (
     JSON_HEADERS,
+    BodyTooLarge,
     Headers,
     error_body,
     serval_error_response,
     unexpected_error_response,
 )
+from serval.server.http.openapi import openapi_document
 from serval.server.http.ui.routes import StatusRoutes
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,10 @@ class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""
 
     def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry,
-                 auth: TokenStore | None = None, status: ServerStatus | None = None) -> None:
+                 auth: TokenStore | None = None, status: ServerStatus | None = None,
+                 max_body_bytes: int = 256 * 1024 * 1024) -> None:
         self.dataplane = dataplane
+        self.max_body_bytes = max_body_bytes  # decompressed bodies too
         self.metrics = metrics
         self.auth = auth  # None: no authentication
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
@@ -89,6 +92,8 @@ class HttpApp:
             return _status_only(200 if self.dataplane.ready() else 503)
         if parts == ["models", "stats"]:
             return _json(self.dataplane.statistics())
+        if parts == ["openapi.json"]:
+            return _json(openapi_document())
         return _not_found(method, "/v2/" + "/".join(parts))
 
     async def _model_route(
@@ -135,7 +140,8 @@ class HttpApp:
     ) -> Reply:
         received_ns = time.perf_counter_ns()
         header_length, encoding, timeout_ms = _infer_headers(headers)
-        request = decode_request(_decompress(body, encoding), header_length)
+        request = decode_request(_decompress(body, encoding, self.max_body_bytes),
+                                 header_length)
         deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = encode_response(response, request)
@@ -207,14 +213,23 @@ def _timeout_ms(value: bytes) -> float:
     return timeout_ms
 
 
-def _decompress(body: bytes, encoding: bytes) -> bytes:
+def _decompress(body: bytes, encoding: bytes, limit_bytes: int) -> bytes:
+    """The body as sent, inflated for gzip/deflate up to limit_bytes (no decompression bombs)."""
     if encoding in (b"", b"identity"):
         return body
     try:
-        if encoding == b"gzip":
-            return gzip.decompress(body)
-        if encoding == b"deflate":
-            return zlib.decompress(body)
+        if encoding in (b"gzip", b"deflate"):
+            window = zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS
+            inflater = zlib.decompressobj(window)
+            data = inflater.decompress(body, limit_bytes + 1)
+            if len(data) > limit_bytes:
+                raise BodyTooLarge(
+                    f"request body inflates to more than this server's limit of {limit_bytes} "
+                    "bytes (--max-request-mb)"
+                )
+            if not inflater.eof:
+                raise EOFError("compressed data ends early")
+            return data
     except (OSError, zlib.error, EOFError) as exc:
         raise InvalidInput(f"request body is not valid {encoding.decode()} data: {exc}") from None
     raise InvalidInput(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from serval.errors import BackendError, ErrorCode, Overloaded, ServalError
+from serval.errors import BackendError, ErrorCode, InvalidInput, Overloaded, ServalError
 from serval.observability.logging import report_internal_error
 
 Headers = list[tuple[bytes, bytes]]
@@ -23,13 +23,17 @@ HTTP_STATUS: dict[ErrorCode, int] = {
 }
 
 
+class BodyTooLarge(InvalidInput):
+    """A body (after decompression) beyond --max-request-mb: HTTP 413."""
+
+
 def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
 def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Headers]:
     """Status, body and headers for a domain error; engine failures are logged, not echoed."""
-    status = HTTP_STATUS[exc.code]
+    status = 413 if isinstance(exc, BodyTooLarge) else HTTP_STATUS[exc.code]
     headers = list(JSON_HEADERS)
     message = exc.message
     if exc.code is ErrorCode.BACKEND_ERROR:

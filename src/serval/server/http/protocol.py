@@ -21,8 +21,9 @@ from serval.server.http.errors import JSON_HEADERS, error_body
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
+MAX_BODY_BYTES = 256 * 1024 * 1024  # default of --max-request-mb
 IDLE_TIMEOUT_S = 75.0
+_LINGER_S = 2.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
@@ -56,14 +57,17 @@ class ConnectionTracker:
 class HttpProtocol(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, app: HttpApp, tracker: ConnectionTracker) -> None:
+    def __init__(self, app: HttpApp, tracker: ConnectionTracker,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.app, self.tracker = app, tracker
+        self.max_body_bytes = max_body_bytes
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Request] = deque()
         self.handler: asyncio.Task[None] | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.closing = False
+        self.discarding = False
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -81,12 +85,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._cancel_idle_timer()
+        if self.discarding or self.transport is None:
+            return  # refused with 413: read and drop the rest the client sends
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail_connection(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            self._fail_connection(400, f"malformed HTTP request: {exc}")
+            if not self.discarding:
+                self._fail_connection(400, f"malformed HTTP request: {exc}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.tracker.connections.discard(self)
@@ -109,11 +116,30 @@ class HttpProtocol(asyncio.Protocol):
         if name == b"expect" and value.lower() == b"100-continue" and self.transport:
             self.transport.write(_CONTINUE)
 
+    def on_headers_complete(self) -> None:
+        for name, value in self.headers:
+            if name == b"content-length" and value.strip().isdigit():
+                self._check_body_size(int(value))
+
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
-        if self.body_bytes > MAX_BODY_BYTES:
-            raise httptools.HttpParserError(f"body larger than {MAX_BODY_BYTES} bytes")
+        self._check_body_size(self.body_bytes)
         self.body.append(body)
+
+    def _check_body_size(self, size_bytes: int) -> None:
+        """413 and close before reading more than --max-request-mb (chunked bodies included)."""
+        if size_bytes <= self.max_body_bytes or self.transport is None:
+            return
+        message = (f"request body of {size_bytes} bytes is larger than this server's limit of "
+                   f"{self.max_body_bytes} bytes (--max-request-mb)")
+        self._write((413, error_body(message), list(JSON_HEADERS)), keep_alive=False)
+        # Lingering close: a client still sending would get a reset, not the 413, if we
+        # closed with its data unread; stop writing, drop what arrives, close soon.
+        self.discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
+        raise httptools.HttpParserError("body too large")
 
     def on_message_complete(self) -> None:
         url = httptools.parse_url(self.url)
@@ -135,7 +161,8 @@ class HttpProtocol(asyncio.Protocol):
                 request = self.pending.popleft()
                 reply = await self.app.handle(request.method, request.path, request.headers,
                                               request.body, request.query)
-                self._write(reply, request.keep_alive and not self.closing)
+                self._write(reply, request.keep_alive and not self.closing,
+                            head=request.method == "HEAD")
                 if not request.keep_alive or self.closing:
                     self.transport.close()
                     return
@@ -143,14 +170,15 @@ class HttpProtocol(asyncio.Protocol):
             self.handler = None
             self._arm_idle_timer()
 
-    def _write(self, reply: Reply, keep_alive: bool) -> None:
+    def _write(self, reply: Reply, keep_alive: bool, head: bool = False) -> None:
+        """One write; a HEAD answer has the headers a GET would, and no body."""
         status, body, headers = reply
         parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()]
         parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
         parts.append(b"content-length: %d\r\n" % len(body))
         if not keep_alive:
             parts.append(b"connection: close\r\n")
-        parts += [b"\r\n", body]
+        parts += [b"\r\n", b"" if head else body]
         assert self.transport is not None
         self.transport.write(b"".join(parts))
 

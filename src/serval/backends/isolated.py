@@ -1,0 +1,253 @@
+"""`isolation: process`: a model's engine runs in a child process, restarted if it dies.
+
+The parent keeps the LoadedModel protocol; each infer() ships the batch over a pipe as raw
+tensor bytes (a small header, then each array's buffer, received straight into numpy memory),
+so a crash, even a segfault, fails only that model's in-flight batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+
+from serval.backends.base import Backend, LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.errors import BackendError, ConfigError, ModelNotReady
+from serval.protocol.types import TensorDict
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 5.0
+_STOP = "stop"
+
+
+class IsolatedBackend:
+    """Wraps an engine so that each model version it loads lives in its own process."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        if spec.config.backend == "pipeline":
+            raise ConfigError(f"model '{spec.name}': isolation: process does not apply to a "
+                              "pipeline (isolate its steps instead)")
+        return IsolatedModel(self.inner, spec)
+
+
+class IsolatedModel:
+    """The parent's handle on one child: infer, restart after a crash, unload."""
+
+    def __init__(self, inner: Backend, spec: ModelVersionSpec) -> None:
+        self._inner, self._spec = inner, spec
+        self._label = f"model '{spec.name}' version {spec.version}"
+        self._lock = threading.Lock()  # one batch on the pipe at a time
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._closed = False
+        self.restarts = 0
+        self._metadata, self._memory_bytes = self._spawn()
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self._metadata
+
+    def memory_bytes(self) -> int:
+        return self._memory_bytes
+
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        with self._lock:
+            if self._closed:
+                raise ModelNotReady(f"{self._label} is unloaded")
+            if self._conn is None:  # the background restart failed; try once more
+                self._restart_locked()
+            assert self._conn is not None
+            try:
+                send_tensors(self._conn, inputs)
+                status, detail = self._conn.recv()
+                outputs = recv_tensors(self._conn) if status == "ok" else None
+            except (EOFError, OSError) as exc:
+                raise self._crashed() from exc
+        if outputs is None:
+            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
+        return outputs
+
+    def unload(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._stop_child()
+
+    # child lifecycle -------------------------------------------------------------------------
+
+    def _spawn(self) -> tuple[ModelMetadata, int]:
+        context = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = context.Pipe()
+        process = context.Process(target=child_main, args=(child_conn, self._inner, self._spec),
+                                  name=f"serval-model-{self._spec.name}", daemon=True)
+        process.start()
+        child_conn.close()
+        try:
+            reply = _await_reply(parent_conn, process, LOAD_TIMEOUT_S)
+        except (EOFError, OSError, TimeoutError) as exc:
+            process.kill()
+            process.join()
+            raise ConfigError(f"{self._label}: its worker process failed while loading "
+                              f"({_exit_reason(process.exitcode)})") from exc
+        if reply[0] != "ready":
+            process.join()
+            raise ConfigError(str(reply[1]))
+        self._process, self._conn = process, parent_conn
+        log.info("isolated model worker started", extra={
+            "model": self._spec.name, "version": self._spec.version, "pid": process.pid})
+        return reply[1], int(reply[2])
+
+    def _crashed(self) -> BackendError:
+        """Reap the dead child, restart it in the background, and say what happened."""
+        process = self._process
+        assert process is not None
+        process.join(timeout=STOP_TIMEOUT_S)
+        reason = _exit_reason(process.exitcode)
+        self._process, self._conn = None, None
+        log.error("isolated model worker died; restarting it", extra={
+            "model": self._spec.name, "version": self._spec.version, "pid": process.pid,
+            "reason": reason})
+        threading.Thread(target=self._restart_in_background, daemon=True,
+                         name=f"serval-restart-{self._spec.name}").start()
+        error = BackendError(f"{self._label}: worker process died ({reason}) during a batch")
+        error.public_message = (f"{self._label}: its worker process died ({reason}) while "
+                                "running this request; it is being restarted")
+        return error
+
+    def _restart_in_background(self) -> None:
+        with self._lock:
+            if self._conn is None and not self._closed:
+                with contextlib.suppress(ModelNotReady):  # logged; the next request retries
+                    self._restart_locked()
+
+    def _restart_locked(self) -> None:
+        try:
+            self._metadata, self._memory_bytes = self._spawn()
+        except ConfigError as exc:
+            log.error("isolated model worker failed to restart", extra={
+                "model": self._spec.name, "version": self._spec.version, "error": str(exc)})
+            raise ModelNotReady(f"{self._label}: its worker process could not be restarted: "
+                                f"{exc}") from exc
+        self.restarts += 1
+
+    def _stop_child(self) -> None:
+        process, conn = self._process, self._conn
+        self._process, self._conn = None, None
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send((_STOP, None))
+        if process is not None:
+            process.join(timeout=STOP_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        if conn is not None:
+            conn.close()
+
+
+def _await_reply(conn: Connection, process: BaseProcess, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not conn.poll(0.1):
+        if not process.is_alive() and not conn.poll(0):
+            raise EOFError("the worker process exited")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer in {timeout_s} s")
+    return conn.recv()
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+# the wire: a header of (name, dtype, shape) then each array's raw bytes ------------------------
+
+def send_tensors(conn: Connection, tensors: TensorDict) -> None:
+    """Header first; numeric arrays as raw buffers, BYTES (object) arrays pickled."""
+    arrays = {name: np.asarray(array) for name, array in tensors.items()}
+    conn.send(("tensors", [(name, a.dtype.str, a.shape) for name, a in arrays.items()]))
+    for array in arrays.values():
+        if array.dtype.hasobject:
+            conn.send(array)
+        else:  # ravel copies only what is not C-contiguous already
+            conn.send_bytes(np.ravel(array).view(np.uint8).data)
+
+
+def recv_tensors(conn: Connection) -> TensorDict:
+    """The arrays send_tensors wrote, received into freshly allocated numpy memory."""
+    kind, header = conn.recv()
+    if kind != "tensors":
+        raise EOFError(f"expected tensors, got {kind!r}")
+    return _read_arrays(conn, header)
+
+
+def _read_arrays(conn: Connection, header: list[tuple[str, str, tuple[int, ...]]]
+                 ) -> TensorDict:
+    tensors: TensorDict = {}
+    for name, dtype, shape in header:
+        if np.dtype(dtype).hasobject:
+            tensors[name] = conn.recv()
+            continue
+        array = np.empty(shape, dtype=dtype)
+        if array.nbytes:
+            conn.recv_bytes_into(array.reshape(-1).view(np.uint8))
+        else:
+            conn.recv_bytes()
+        tensors[name] = array
+    return tensors
+
+
+def child_main(conn: Connection, backend: Backend, spec: ModelVersionSpec) -> None:
+    """The worker process: load, then answer batches until told to stop or the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        model = backend.load(spec)
+    except Exception as exc:
+        conn.send(("error", str(exc) or repr(exc)))
+        return
+    conn.send(("ready", model.metadata, model.memory_bytes()))
+    try:
+        _serve_child(conn, model)
+    finally:
+        model.unload()
+
+
+def _serve_child(conn: Connection, model: LoadedModel) -> None:
+    while True:
+        try:
+            kind, _ = message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if kind == _STOP:
+            return
+        inputs = _read_arrays(conn, message[1])
+        try:
+            outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
+        conn.send(("ok", None))
+        send_tensors(conn, outputs)

@@ -1,0 +1,61 @@
+"""`--workers N` under a supervisor: a worker killed is restarted and the port keeps serving."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import infer
+
+pytestmark = pytest.mark.integration
+X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
+
+
+def worker_pids(parent: int) -> set[int]:
+    """The serving processes the supervisor started (not multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    workers = set()
+    for pid in map(int, children):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.add(pid)
+        except FileNotFoundError:
+            continue
+    return workers
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def test_a_killed_worker_is_restarted_and_shutdown_still_drains(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    server = server_factory(tmp_path, "--workers", "2")
+    parent = server.process.pid
+    _wait_for(lambda: len(worker_pids(parent)) == 2)
+    before = worker_pids(parent)
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    _wait_for(lambda: len(worker_pids(parent)) == 2 and victim not in worker_pids(parent))
+    replacement = worker_pids(parent) - before
+    assert len(replacement) == 1
+    serving = '"msg":"serving"'
+    _wait_for(lambda: any(serving in line and f'"pid":{pid}' in line
+                          for line in server.log().splitlines() for pid in replacement))
+    statuses = [infer(server.url, "linear", X).status for _ in range(40)]
+    assert statuses == [200] * 40  # fresh connections, spread over both workers by the kernel
+    assert "worker process died; restarting it" in server.log()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=60) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in (before - {victim}) | replacement)
