@@ -132,9 +132,7 @@ class DataPlane:
         to requests that set neither. A request still queued then is dropped before compute
         (504).
         """
-        if self._inflight >= self.max_inflight:
-            raise Overloaded(f"the server has {self._inflight} requests in flight, its "
-                             "limit; retry shortly")
+        self._check_inflight()
         self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1
@@ -151,6 +149,26 @@ class DataPlane:
                     f"this server accepts at most {self.max_tensor_elements} per tensor "
                     "(--max-tensor-elements)"
                 )
+
+    def admit(self, name: str, version: str | None) -> None:
+        """Refuse at once (429) what infer would refuse for load, before the request is decoded:
+        under overload a refusal must cost far less than an answer."""
+        self._check_inflight()
+        try:
+            served = self.registry.get(name, version)
+        except ServalError:
+            return  # infer reports it
+        if served.batcher is not None:
+            try:
+                served.batcher.check_capacity()
+            except Overloaded as exc:
+                served.stats.record_request(exc.code.value, 0)
+                raise
+
+    def _check_inflight(self) -> None:
+        if self._inflight >= self.max_inflight:
+            raise Overloaded(f"the server has {self._inflight} requests in flight, its "
+                             "limit; retry shortly")
 
     def _deadline(self, request: InferRequest, received_ns: int,
                   deadline_ns: int | None) -> int | None:

@@ -76,6 +76,10 @@ def test_a_full_queue_refuses_with_429_and_retry_after(server_factory: Factory,
     refused = [r for r in replies if r.status == 429]
     assert refused and all(r.status in (200, 429) for r in replies)
     assert "max_queue_size" in refused[0].error and int(refused[0].headers["retry-after"]) >= 1
+    metrics = call(server.url, "GET", "/metrics").body.decode()
+    counted = f'serval_requests_total{{model="slow",outcome="overloaded",version="1"}} ' \
+        f'{float(len(refused))}'
+    assert counted in metrics  # refusals are counted
     assert call(server.url, "POST", "/v2/models/slow/infer", _one_row()).status == 200
 
 

@@ -91,9 +91,7 @@ class Batcher:
         """Queue one request and wait for its own rows of the batch output."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
-        if self._max_queue_size is not None and len(self._queue) >= self._max_queue_size:
-            raise Overloaded(f"model '{self._stats.name}' has {len(self._queue)} requests "
-                             "queued, its max_queue_size; retry shortly")
+        self.check_capacity()
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         request = PendingRequest(
@@ -104,6 +102,12 @@ class Batcher:
         self._idle.clear()
         self._wakeup.set()
         return await future
+
+    def check_capacity(self) -> None:
+        """Overloaded (429) when the queue holds max_queue_size requests."""
+        if self._max_queue_size is not None and len(self._queue) >= self._max_queue_size:
+            raise Overloaded(f"model '{self._stats.name}' has {len(self._queue)} requests "
+                             "queued, its max_queue_size; retry shortly")
 
     async def drain(self) -> None:
         """Wait until every queued and running request has its answer."""

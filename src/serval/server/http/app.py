@@ -139,6 +139,7 @@ class HttpApp:
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
     ) -> Reply:
         received_ns = time.perf_counter_ns()
+        self.dataplane.admit(name, version)
         header_length, encoding, timeout_ms = _infer_headers(headers)
         request = decode_request(_decompress(body, encoding, self.max_body_bytes),
                                  header_length)
