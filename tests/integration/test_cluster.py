@@ -37,7 +37,7 @@ class RayServal:
 
     port: int
     repository: Path
-    clients: list[object] = field(default_factory=list)
+    address: str
 
     @property
     def url(self) -> str:
@@ -47,20 +47,21 @@ class RayServal:
         return httpclient.InferenceServerClient(self.url, network_timeout=60.0)
 
 
+def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
+                          text=True, timeout=DEPLOY_TIMEOUT_S)
+
+
 def _publish(tmp: Path, repository: Path, model: str, seed: int) -> None:
     built = fixture_models.linear(tmp / f"build-{model}-{seed}", seed=seed)
-    result = subprocess.run(
-        [sys.executable, "-m", "serval", "repo", "publish", str(built), "--repository",
-         str(repository), "--model", model, "--note", f"seed {seed}"],
-        capture_output=True, text=True, timeout=120)
+    result = _serval("repo", "publish", str(built), "--repository", str(repository),
+                     "--model", model, "--note", f"seed {seed}")
     assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServal]:
     from ray.cluster_utils import Cluster
-
-    from serval.cluster.ray import build_app
 
     tmp = tmp_path_factory.mktemp("cluster")
     repository = tmp / "repository"
@@ -72,12 +73,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServal]:
     nodes.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
     port = free_port()
     try:
+        deployed = _serval("cluster", "deploy", "--address", nodes.address, "--repository",
+                           str(repository), "--replicas", "2", "--replica-cpus", "1",
+                           "--poll-interval-s", "0.5", "--host", "127.0.0.1",
+                           "--http-port", str(port))
+        assert deployed.returncode == 0, deployed.stderr[-2000:]
+        assert f"http://127.0.0.1:{port}/v2" in deployed.stdout
         ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False)
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app({"repository": str(repository), "num_replicas": 2, "replica_cpus": 1,
-                         "poll_interval_s": 0.5})
-        serve.run(app, name="serval", route_prefix="/")
-        yield RayServal(port, repository)
+        yield RayServal(port, repository, nodes.address)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -149,9 +152,7 @@ def test_publish_and_rollback_reach_the_cluster(cluster: RayServal,
     _wait_for_version(client, x, "2")
     np.testing.assert_allclose(_infer(client, "clf", x).as_numpy("probabilities"),  # type: ignore[attr-defined]
                                _expected(cluster.repository, "clf", x, "2"), rtol=1e-5)
-    rollback = subprocess.run(
-        [sys.executable, "-m", "serval", "repo", "rollback", "clf", "--repository",
-         str(cluster.repository)], capture_output=True, text=True, timeout=120)
+    rollback = _serval("repo", "rollback", "clf", "--repository", str(cluster.repository))
     assert rollback.returncode == 0, rollback.stderr
     _wait_for_version(client, x, "1")
 
@@ -233,3 +234,13 @@ def test_the_index_and_statistics_routes_answer_through_the_ingress(cluster: Ray
     names = {entry["name"] for entry in orjson.loads(reply.read())}
     assert set(MODELS) | {"clf"} <= names
     connection.close()
+
+
+def test_cluster_status_and_bad_deploy_arguments(cluster: RayServal) -> None:
+    status = _serval("cluster", "status", "--address", cluster.address)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "serval: RUNNING" in status.stdout and "ServalReplica" in status.stdout
+    bad = _serval("cluster", "deploy", "--address", cluster.address, "--repository", "/m",
+                  "--min-replicas", "3", "--max-replicas", "1")
+    assert bad.returncode == 1
+    assert "min_replicas must be <= max_replicas" in bad.stderr

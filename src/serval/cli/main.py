@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from serval import __version__
-from serval.cli import models, repo, serve, token
+from serval.cli import cluster, models, repo, serve, token
 
 app = typer.Typer(
     name="serval",
@@ -18,6 +18,7 @@ app.command("serve")(serve.serve_command)
 app.add_typer(models.app, name="models")
 app.add_typer(repo.app, name="repo")
 app.add_typer(token.app, name="token")
+app.add_typer(cluster.app, name="cluster")
 
 
 def _print_version(value: bool) -> None:
