@@ -25,6 +25,8 @@ class ClusterConfig(BaseModel):
     target_ongoing_requests: float = Field(32.0, gt=0.0)
     max_ongoing_requests: int = Field(256, ge=1, description="per replica; queued at the router")
     replica_cpus: float = Field(1.0, gt=0.0, description="CPUs Ray reserves for each replica")
+    ingress: bool = Field(True, description="false: Ray's proxy calls replicas directly "
+                          "(placement only for clients sending serve_multiplexed_model_id)")
     ingress_replicas: int = Field(1, ge=1)
     max_concurrent_loads: int = Field(2, ge=1, le=64)
     max_inflight: int = Field(4096, ge=1)

@@ -57,6 +57,14 @@ class ServalReplica:
             self._reporter.requested(model)
         return await handle(self._stack, self._id, method, path, headers, body)
 
+    async def __call__(self, request: Request) -> Response:
+        """HTTP straight from Ray's proxy (ingress: false): one hop less; placement then needs
+        the client to send the `serve_multiplexed_model_id` header."""
+        body = await request.body()
+        reply = await self.handle(request.method, request.url.path, list(request.headers.raw),
+                                  body)
+        return _response(reply)
+
     def resident(self) -> dict[str, Any]:
         """This replica's id, resident models and bytes (for placement checks and benches)."""
         registry = self._stack.registry
@@ -98,11 +106,13 @@ class ServalIngress:
         model = model_of(path)
         target = self._replicas.options(multiplexed_model_id=model) if model else self._replicas
         attempts = 1 + (self._retries if retry_safe(path) else 0)
-        status, payload, reply_headers = await _call(target, attempts, method, path, headers,
-                                                     body)
-        return Response(payload, status_code=status,
-                        headers={k.decode("latin-1"): v.decode("latin-1")
-                                 for k, v in reply_headers})
+        return _response(await _call(target, attempts, method, path, headers, body))
+
+
+def _response(reply: Reply) -> Response:
+    status, payload, headers = reply
+    return Response(payload, status_code=status,
+                    headers={k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
 
 
 async def _call(target: DeploymentHandle[Any], attempts: int, method: str, path: str,
@@ -147,6 +157,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         health_check_period_s=5, health_check_timeout_s=30, graceful_shutdown_timeout_s=30,
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )(ServalReplica)
+    if not config.ingress:
+        direct: serve.Application = replica.bind(config.model_dump(mode="json"))
+        return direct
     ingress = serve.deployment(
         name="ServalIngress", num_replicas=config.ingress_replicas,
         max_ongoing_requests=4 * config.max_ongoing_requests,
