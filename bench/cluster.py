@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ from serval.loadtest.stats import StepResult
 GOAL_RATIO = 0.5
 IN, HIDDEN, OUT = 64, 64, 8
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, IN],
+                                  "data": [0.1] * IN}]})
 
 
 def main() -> None:
@@ -45,14 +49,15 @@ def main() -> None:
     requests = workloads.infer_requests(
         "lstm", workloads.random_feeds(workloads.model_spec(
             workloads.model_file(args.repository, "lstm")), 1, 64), True, servers.HOST)
-    standalone = _standalone(lstm_repo, requests, args)
+    standalone = {} if args.many_only else _standalone(lstm_repo, requests, args)
     port = servers.free_port()
+    paths: dict[str, dict[int, StepResult]] = {}
     with _ray(num_cpus=2, port=port):
-        ray_results = _through_ray(port, lstm_repo, requests, args, ingress=True)
-        direct = _through_ray(port, lstm_repo, requests, args, ingress=False)
+        if not args.many_only:
+            paths["ray proxy + ingress"] = _through_ray(port, lstm_repo, requests, args, True)
+            paths["ray proxy -> replica"] = _through_ray(port, lstm_repo, requests, args, False)
         placement = _many_models(port, args)
-    _report(standalone, {"ray proxy + ingress": ray_results, "ray proxy -> replica": direct},
-            placement, args)
+    _report(standalone, paths, placement, args)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -61,6 +66,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--many-only", action="store_true", help="skip the lstm comparison")
     parser.add_argument("--share", type=float, default=0.6,
                         help="fraction of the models one replica's budget holds")
     return parser.parse_args()
@@ -116,6 +122,7 @@ def _many_models(port: int, args: argparse.Namespace) -> dict[str, Any]:
                          "max_ongoing_requests": 256}),
               name="many", route_prefix="/")
     try:
+        swept, sweep_errors = _every_model_once(port, names)
         zipf = _zipf_requests(names, 1.1, 20_000)
         started = time.perf_counter()
         traffic = run_closed_loop(servers.HOST, port, zipf, args.clients, args.duration * 2, 3.0)
@@ -128,8 +135,29 @@ def _many_models(port: int, args: argparse.Namespace) -> dict[str, Any]:
         for name in report["models"]:
             holders[name] = holders.get(name, 0) + 1
     return {"traffic": traffic, "elapsed_s": elapsed_s, "replicas": replicas,
+            "swept": swept, "sweep_errors": sweep_errors,
             "holders": holders, "budget_bytes": budget, "model_bytes": model_bytes,
             "models": len(names)}
+
+
+def _every_model_once(port: int, names: list[str]) -> tuple[int, list[str]]:
+    """One request per model, 16 at a time: every model gets placed somewhere."""
+    def one(name: str) -> str:
+        connection = http.client.HTTPConnection(servers.HOST, port, timeout=120)
+        try:
+            connection.request("POST", f"/v2/models/{name}/infer", body=_BODY,
+                               headers={"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            data = reply.read()
+            return "" if reply.status == 200 else f"{name}: {reply.status} {data[:200]!r}"
+        except OSError as exc:
+            return f"{name}: {exc}"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(one, names))
+    return len(names), [o for o in outcomes if o]
 
 
 def _residency(handle: Any) -> dict[str, dict[str, Any]]:
@@ -172,9 +200,7 @@ def _zipf_requests(names: list[str], exponent: float, count: int) -> list[bytes]
     ranks = np.arange(1, len(names) + 1, dtype=np.float64)
     weights = ranks ** -exponent
     picks = np.random.default_rng(7).choice(len(names), size=count, p=weights / weights.sum())
-    body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, IN],
-                                     "data": [0.1] * IN}]})
-    return [encode_http_request("POST", f"/v2/models/{names[i]}/infer", body,
+    return [encode_http_request("POST", f"/v2/models/{names[i]}/infer", _BODY,
                                 {"Content-Type": "application/json"}, servers.HOST)
             for i in picks]
 
@@ -202,6 +228,8 @@ def _report(standalone: dict[int, StepResult], paths: dict[str, dict[int, StepRe
             placement: dict[str, Any], args: argparse.Namespace) -> None:
     print("\n== lstm, one row per request, binary tensors, 2 cores ==")
     print(f"{'path':<26}{'clients':>8}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}")
+    if not standalone:
+        paths = {}
     for label, results in (("standalone serval", standalone), *paths.items()):
         for clients, step in results.items():
             print(f"{label:<26}{clients:>8}{step.throughput_rps:>10,.0f}{step.p50_ms:>9.2f}"
@@ -223,6 +251,8 @@ def _report(standalone: dict[int, StepResult], paths: dict[str, dict[int, StepRe
     print(f"\n== {placement['models']:,} models over 2 replicas, budget "
           f"{placement['budget_bytes'] / 2**20:.1f} MiB each (~{args.share:.0%} of "
           f"{placement['models']:,} x {placement['model_bytes'] / 1024:.1f} KiB) ==")
+    print(f"every model once (16 at a time): {placement['swept']:,} requests, "
+          f"{len(placement['sweep_errors'])} errors {placement['sweep_errors'][:3]}")
     print(f"Zipf(1.1) @{args.clients}: {traffic.throughput_rps:,.0f} req/s, p50 "
           f"{traffic.p50_ms:.2f} ms, p99 {traffic.p99_ms:.2f} ms, errors {traffic.errors or 0}")
     for replica, report in replicas.items():
@@ -233,8 +263,9 @@ def _report(standalone: dict[int, StepResult], paths: dict[str, dict[int, StepRe
     print(f"resident somewhere: {len(holders):,} models; on both replicas: {both:,} "
           f"({both / max(1, len(holders)):.0%}); most copies of one model: "
           f"{max(holders.values(), default=0)}")
-    print(f"{'PASS' if traffic.failed == 0 else 'MISS'}: {traffic.failed} errors under Zipf "
-          f"traffic (goal 0)")
+    failed = traffic.failed + len(placement["sweep_errors"])
+    print(f"{'PASS' if failed == 0 else 'MISS'}: {failed} errors under Zipf traffic and the "
+          f"sweep (goal 0)")
     ok = len(replicas) == 2 and max(holders.values(), default=0) <= 2
     print(f"{'PASS' if ok else 'MISS'}: each model resident on <= 2 replicas at the end "
           f"({len(replicas)} replicas reported)")
