@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from serval import __version__
-from serval.cli import loadtest, models, optimize, plan, repo, report, serve, token, tune
+from serval.cli import cluster, loadtest, models, optimize, plan, repo, report, serve, token, tune
 
 app = typer.Typer(
     name="serval",
@@ -23,6 +23,7 @@ app.command("plan")(plan.plan_command)
 app.add_typer(models.app, name="models")
 app.add_typer(repo.app, name="repo")
 app.add_typer(token.app, name="token")
+app.add_typer(cluster.app, name="cluster")
 
 
 def _print_version(value: bool) -> None:

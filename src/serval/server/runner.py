@@ -35,6 +35,8 @@ from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.supervisor import Supervisor
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from serval.server.grpc.server import GrpcServer
 
 log = logging.getLogger(__name__)
@@ -76,19 +78,7 @@ def run_worker(config: ServerConfig, reuse_port: bool) -> None:
 async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     sock = bind_socket(config.host, config.http_port, reuse_port)
     cores = max(1, available_cores() // config.workers)
-    backends: dict[str, Backend] = {
-        "onnxruntime": OnnxRuntimeBackend(cores),
-        "openvino": OpenVinoBackend(cores),
-        "pytorch": TorchBackend(cores),
-        "python": PythonBackend(allowed=config.allow_python_models),
-        "pipeline": PipelineBackend(),
-    }
-    registry = ModelRegistry(
-        config.repository, backends, control=config.model_control,
-        memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
-        max_concurrent_loads=config.max_concurrent_loads,
-        engine_threads=max(8, 2 * cores),
-    )
+    registry = build_model_registry(config, cores)
     await registry.start()
     watcher = None
     if config.poll_interval_s > 0:
@@ -97,14 +87,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
                           default_timeout_ms=config.default_timeout_ms,
                           repository_api=config.repository_api_enabled,
                           max_tensor_elements=config.max_tensor_elements)
-    metrics = build_registry(
-        ModelMetricsCollector(registry.all_models, registry.totals,
-                              top_k=config.metrics_top_k),
-        RegistryMetricsCollector(lambda: RegistryGauges(
-            registry.loads, registry.evictions, registry.resident_bytes,
-            registry.memory_budget_bytes, registry.hits, registry.misses,
-            registry.load_seconds)),
-    )
+    metrics = build_metrics(registry, config.metrics_top_k)
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     sampler = asyncio.create_task(status.run())
@@ -138,6 +121,34 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     )
     await registry.drain()
     await registry.close()
+
+
+def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
+    """The registry with every backend, sized to `cores` (not started)."""
+    backends: dict[str, Backend] = {
+        "onnxruntime": OnnxRuntimeBackend(cores),
+        "openvino": OpenVinoBackend(cores),
+        "pytorch": TorchBackend(cores),
+        "python": PythonBackend(allowed=config.allow_python_models),
+        "pipeline": PipelineBackend(),
+    }
+    return ModelRegistry(
+        config.repository, backends, control=config.model_control,
+        memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
+        max_concurrent_loads=config.max_concurrent_loads,
+        engine_threads=max(8, 2 * cores),
+    )
+
+
+def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
+    """The Prometheus registry: per-model series and the registry's gauges."""
+    return build_registry(
+        ModelMetricsCollector(registry.all_models, registry.totals, top_k=top_k),
+        RegistryMetricsCollector(lambda: RegistryGauges(
+            registry.loads, registry.evictions, registry.resident_bytes,
+            registry.memory_budget_bytes, registry.hits, registry.misses,
+            registry.load_seconds)),
+    )
 
 
 async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bool,

@@ -1,0 +1,116 @@
+"""`serval cluster`: deploy Serval onto a running Ray cluster (Ray Serve), show it, remove it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import typer
+
+from serval.errors import ConfigError
+
+app = typer.Typer(help="Scale out on Ray Serve: one Serval across many machines.",
+                  no_args_is_help=True)
+ADDRESS = typer.Option(..., "--address", "-a",
+                       help="Ray cluster address (HOST:6379, ray://HOST:10001 or 'auto').")
+NAME = typer.Option("serval", "--name", help="Ray Serve application name.")
+
+
+@app.command("deploy")
+def deploy_command(
+    address: str = ADDRESS,
+    repository: str = typer.Option(..., "--repository", "-r",
+                                   help="Path every node sees, or an fsspec URL (s3://...)."),
+    memory_budget: str = typer.Option(None, "--memory-budget",
+                                      help="Per replica, e.g. 4GiB: LRU eviction beyond it."),
+    replicas: int = typer.Option(None, "--replicas", help="Fixed replica count (no autoscaling)."),
+    min_replicas: int = typer.Option(1, "--min-replicas"),
+    max_replicas: int = typer.Option(4, "--max-replicas"),
+    target_ongoing_requests: float = typer.Option(
+        32.0, "--target-ongoing-requests", help="Autoscaling target per replica."),
+    replica_cpus: float = typer.Option(1.0, "--replica-cpus", help="CPUs per replica."),
+    poll_interval_s: float = typer.Option(2.0, "--poll-interval-s",
+                                          help="Repository polling (publish/rollback)."),
+    host: str = typer.Option("0.0.0.0", help="Address Ray's HTTP proxies listen on."),
+    http_port: int = typer.Option(8000, "--http-port", help="Ray Serve's HTTP port."),
+    name: str = NAME,
+) -> None:
+    """Deploy (or update) the Serval application; returns once every replica is up."""
+    from serval.cluster.config import ClusterConfig
+
+    args: dict[str, Any] = {
+        "repository": repository, "memory_budget": memory_budget, "num_replicas": replicas,
+        "min_replicas": min_replicas, "max_replicas": max_replicas,
+        "target_ongoing_requests": target_ongoing_requests, "replica_cpus": replica_cpus,
+        "poll_interval_s": poll_interval_s,
+    }
+    try:
+        config = ClusterConfig.parse({k: v for k, v in args.items() if v is not None})
+    except ConfigError as exc:
+        _fail(str(exc))
+    serve = _connect(address)
+    from serval.cluster.ray import build_app
+
+    serve.start(http_options={"host": host, "port": http_port})
+    serve.run(build_app(config.model_dump(mode="json", exclude_none=True)), name=name,
+              route_prefix="/")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    typer.echo(f"serval deployed as Ray Serve application '{name}': http://{shown}:{http_port}/v2")
+
+
+@app.command("status")
+def status_command(address: str = ADDRESS, name: str = NAME) -> None:
+    """The application's state and its deployments' replica counts."""
+    serve = _connect(address)
+    application = serve.status().applications.get(name)
+    if application is None:
+        _fail(f"no Ray Serve application named '{name}' on {address}")
+    typer.echo(f"{name}: {_word(application.status)}")
+    for deployment, status in application.deployments.items():
+        states = ", ".join(f"{n} {_word(s).lower()}"
+                           for s, n in sorted(status.replica_states.items()))
+        typer.echo(f"  {deployment}: {_word(status.status)} ({states})")
+
+
+@app.command("delete")
+def delete_command(address: str = ADDRESS, name: str = NAME) -> None:
+    """Remove the application (its replicas finish in-flight requests first)."""
+    serve = _connect(address)
+    serve.delete(name)
+    typer.echo(f"deleted Ray Serve application '{name}'")
+
+
+def _word(state: Any) -> str:
+    """An enum member's value ('RUNNING'), or the string itself."""
+    return str(getattr(state, "value", state))
+
+
+def _connect(address: str) -> Any:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        _fail("Ray Serve is not installed: pip install 'serval[cluster]'")
+    _reachable(address)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        _fail(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}")
+    return serve
+
+
+def _reachable(address: str) -> None:
+    """Fail fast on a HOST:PORT nobody listens on (ray.init would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # 'auto' and the like: Ray resolves them
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        _fail(f"cannot connect to the Ray cluster at {address}: {exc}")
+
+
+def _fail(message: str) -> Any:
+    typer.echo(f"serval: {message}", err=True)
+    raise typer.Exit(1)

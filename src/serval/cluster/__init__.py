@@ -1,0 +1,1 @@
+"""Scale-out: Serval's data plane in Ray Serve replicas behind one KServe v2 ingress."""
