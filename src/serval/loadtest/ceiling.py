@@ -23,7 +23,9 @@ RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Lengt
 BOUND_SHARE = 0.7  # a step above this share of the ceiling may be limited by the generator
 
 
-class _Trivial(asyncio.Protocol):
+class TrivialProtocol(asyncio.Protocol):
+    """Answers every keep-alive HTTP/1.1 request with RESPONSE, nothing else."""
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.parser = httptools.HttpRequestParser(self)
@@ -36,13 +38,15 @@ class _Trivial(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.transport.write(RESPONSE)
+        if not self.parser.should_keep_alive():
+            self.transport.close()
 
 
 def _serve(sock: socket.socket) -> None:
     import uvloop
 
     async def serve() -> None:
-        server = await asyncio.get_running_loop().create_server(_Trivial, sock=sock,
+        server = await asyncio.get_running_loop().create_server(TrivialProtocol, sock=sock,
                                                                 backlog=4096)
         async with server:
             await server.serve_forever()

@@ -10,7 +10,6 @@ merge like the HTTP generator's (same StepResult, same time-share throughput).
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 from array import array
 from collections import Counter
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serval.loadtest.grpc_client import GrpcClientConnection, grpc_message, request_headers
+from serval.loadtest.processes import run_loop, run_shares
 from serval.loadtest.stats import StepResult, summarize, window_share
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -66,14 +66,7 @@ def run_grpc_closed_loop(target: str, requests: list[bytes], concurrency: int,
     start_at = time.time() + 1.0 + 0.3 * processes  # processes start their clocks together
     args = [(target, requests, share, offset, channels_per_process, start_at, warmup_s,
              duration_s, mode) for share, offset in zip(shares, _offsets(shares), strict=True)]
-    if processes == 1:
-        parts = [_run_process(*args[0])]
-    else:
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with context.Pool(processes) as pool:
-            parts = pool.starmap(_run_process, args)
-    return summarize(parts, concurrency, duration_s)
+    return summarize(run_shares(_run_process, args), concurrency, duration_s)
 
 
 def _offsets(shares: list[int]) -> list[int]:
@@ -83,13 +76,8 @@ def _offsets(shares: list[int]) -> list[int]:
 def _run_process(target: str, requests: list[bytes], clients: int, offset: int, channels: int,
                  start_at: float, warmup_s: float, duration_s: float,
                  mode: str) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(_drive(target, requests, clients, offset, channels, start_at,
-                                  warmup_s, duration_s, mode))
-    return uvloop.run(_drive(target, requests, clients, offset, channels, start_at, warmup_s,
-                             duration_s, mode))
+    return run_loop(_drive(target, requests, clients, offset, channels, start_at, warmup_s,
+                           duration_s, mode))
 
 
 async def _drive(target: str, requests: list[bytes], clients: int, offset: int, channels: int,

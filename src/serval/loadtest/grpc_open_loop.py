@@ -10,7 +10,6 @@ DEADLINE_EXCEEDED) and ``grpc_<code>`` otherwise. Several forked processes split
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 from array import array
 from collections import Counter
@@ -19,6 +18,7 @@ from typing import Any
 
 from serval.loadtest.grpc_client import GrpcClientConnection, grpc_message, request_headers
 from serval.loadtest.grpc_closed_loop import MODEL_INFER, STATUS_NAMES
+from serval.loadtest.processes import run_loop, run_shares
 from serval.loadtest.stats import StepResult, summarize, window_share
 
 _KINDS = {"unavailable": "connection", "deadline_exceeded": "timeout", "broken": "connection"}
@@ -65,14 +65,7 @@ def run_grpc_open_loop(target: str, requests: list[bytes], rate_rps: float, dura
     start_at = time.time() + 1.0 + 0.3 * processes
     args = [(target, requests, rate_rps / processes, i / processes, start_at, warmup_s,
              duration_s, timeout_s) for i in range(processes)]
-    if processes == 1:
-        parts = [_run_process(*args[0])]
-    else:
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        with context.Pool(processes) as pool:
-            parts = pool.starmap(_run_process, args)
-    result = summarize(parts, 0, duration_s)
+    result = summarize(run_shares(_run_process, args), 0, duration_s)
     result.offered_rps = rate_rps
     return result
 
@@ -80,13 +73,8 @@ def run_grpc_open_loop(target: str, requests: list[bytes], rate_rps: float, dura
 def _run_process(target: str, requests: list[bytes], rate_rps: float, phase: float,
                  start_at: float, warmup_s: float, duration_s: float,
                  timeout_s: float) -> dict[str, Any]:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(_drive(target, requests, rate_rps, phase, start_at, warmup_s,
-                                  duration_s, timeout_s))
-    return uvloop.run(_drive(target, requests, rate_rps, phase, start_at, warmup_s, duration_s,
-                             timeout_s))
+    return run_loop(_drive(target, requests, rate_rps, phase, start_at, warmup_s, duration_s,
+                           timeout_s))
 
 
 async def _drive(target: str, requests: list[bytes], rate_rps: float, phase: float,
