@@ -124,6 +124,10 @@ class ModelRegistry:
         if not versions:
             raise ModelNotFound(f"unknown model '{name}'")
         if not version:  # newest ready, else newest loadable (never a failed one first)
+            if len(versions) == 1:
+                only = next(iter(versions.values()))
+                if only.state is ModelState.READY:
+                    return only  # the common case, on every request
             ready = [v for v in versions.values() if v.state is ModelState.READY]
             loadable = [v for v in versions.values()
                         if v.auto_load or v.state is ModelState.LOADING]
