@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -126,3 +128,12 @@ def test_sigterm_finishes_in_flight_requests_then_exits_zero(
     assert server.process.wait(timeout=30) == 0
     assert len(outcomes) == 8 and 200 in outcomes
     assert all(outcome in (200, "refused") for outcome in outcomes), outcomes
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read the backlog")
+def test_both_listeners_keep_a_deep_accept_backlog(server: RunningServer) -> None:
+    """A burst of thousands of clients must wait in the kernel's queue, not be left half-open."""
+    for port in (server.port, server.grpc_port):
+        listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
+                                 text=True, check=True).stdout.split()
+        assert listing[0] == "LISTEN" and int(listing[2]) >= 4096, listing  # Send-Q: backlog

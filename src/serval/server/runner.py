@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 30
+# Connections the kernel may hold for accept(). create_server re-listens with its own backlog
+# (100 by default), so it must be given this too: a burst of clients beyond the backlog is
+# otherwise left half-open, its requests unread for seconds.
+LISTEN_BACKLOG = 4096
 
 
 def available_cores() -> int:
@@ -96,7 +100,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: HttpProtocol(app, tracker, max_body_bytes),
-                                      sock=sock,
+                                      sock=sock, backlog=LISTEN_BACKLOG,
                                       ssl=_tls_context(config))
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth)
     stop = asyncio.Event()
@@ -181,6 +185,6 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(4096)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock

@@ -40,14 +40,14 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
                             auth: TokenStore | None = None,
                             tls: tuple[Path, Path] | None = None) -> GrpcServer:
     """A started server on host:port; OSError when the port cannot be bound."""
-    from serval.server.runner import bind_socket
+    from serval.server.runner import LISTEN_BACKLOG, bind_socket
 
     runner = ServiceRunner(InferenceServicer(dataplane, auth))
     connections: set[GrpcConnection] = set()
     sock = bind_socket(host, port, reuse_port)
     server = await asyncio.get_running_loop().create_server(
         lambda: GrpcConnection(runner, connections, max_message_bytes), sock=sock,
-        ssl=_tls_context(tls))
+        backlog=LISTEN_BACKLOG, ssl=_tls_context(tls))
     return GrpcServer(server, connections)
 
 
