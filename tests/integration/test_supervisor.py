@@ -38,18 +38,27 @@ def _wait_for(predicate: Callable[[], bool], timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _workers_when(parent: int, predicate: Callable[[set[int]], bool],
+                  timeout_s: float = 60.0) -> set[int]:
+    """The first snapshot of the worker pids that satisfies predicate (one read, no race)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate(workers := worker_pids(parent)):
+        assert time.monotonic() < deadline, f"workers never satisfied the condition: {workers}"
+        time.sleep(0.1)
+    return workers
+
+
 def test_a_killed_worker_is_restarted_and_shutdown_still_drains(
         server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
     fixture_models.linear(tmp_path)
     server = server_factory(tmp_path, "--workers", "2")
     parent = server.process.pid
-    _wait_for(lambda: len(worker_pids(parent)) == 2)
-    before = worker_pids(parent)
+    before = _workers_when(parent, lambda workers: len(workers) == 2)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
-    _wait_for(lambda: len(worker_pids(parent)) == 2 and victim not in worker_pids(parent))
-    replacement = worker_pids(parent) - before
-    assert len(replacement) == 1
+    after = _workers_when(parent, lambda workers: len(workers) == 2 and victim not in workers)
+    replacement = after - before
+    assert len(replacement) == 1 and after - replacement == before - {victim}, (before, after)
     serving = '"msg":"serving"'
     _wait_for(lambda: any(serving in line and f'"pid":{pid}' in line
                           for line in server.log().splitlines() for pid in replacement))
