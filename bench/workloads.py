@@ -1,4 +1,4 @@
-"""Valid random inputs for a model, pre-encoded as v2 JSON or binary-tensor HTTP requests.
+"""Valid random inputs for a model; pre-encoded as v2 requests by serval.loadtest.workloads.
 
 Tensor specs come from the ONNX file itself, so every server under test gets the same inputs
 and every answer can be checked against the engine run in this process.
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
-from serval.loadtest.closed_loop import encode_http_request
+from serval.loadtest.workloads import grpc_requests
+from serval.loadtest.workloads import http_requests as infer_requests
 
 V2_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
             "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(bool)": "BOOL"}
@@ -74,45 +74,5 @@ def random_feeds(spec: ModelSpec, batch: int, count: int, seed: int = 0
     return [{t.name: random_tensor(t, batch, rng) for t in spec.inputs} for _ in range(count)]
 
 
-def infer_requests(model: str, feeds: list[dict[str, np.ndarray]], binary: bool,
-                   host: str) -> list[bytes]:
-    """One complete HTTP/1.1 infer request per input set (JSON or binary tensors)."""
-    path = f"/v2/models/{model}/infer"
-    encode = binary_body if binary else json_body
-    return [encode_http_request("POST", path, *encode(feed), host=host) for feed in feeds]
-
-
-def json_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
-                       "data": array.ravel().tolist()} for name, array in feed.items()]}
-    return orjson.dumps(doc), {"Content-Type": "application/json"}
-
-
-def binary_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
-                       "parameters": {"binary_data_size": array.nbytes}}
-                      for name, array in feed.items()],
-           "parameters": {"binary_data_output": True}}
-    header = orjson.dumps(doc)
-    body = header + b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
-                             for a in feed.values())
-    return body, {"Content-Type": "application/octet-stream",
-                  "Inference-Header-Content-Length": str(len(header))}
-
-
-def _v2_type(array: np.ndarray) -> str:
-    return next(name for name, dtype in NUMPY.items() if array.dtype == dtype)
-
-
-def grpc_requests(model: str, feeds: list[dict[str, np.ndarray]]) -> list[bytes]:
-    """Serialized ModelInferRequests (raw_input_contents), one per feed."""
-    from serval.server.grpc.proto import grpc_service_pb2 as pb
-
-    requests = []
-    for feed in feeds:
-        request = pb.ModelInferRequest(model_name=model)
-        for name, array in feed.items():
-            request.inputs.add(name=name, datatype=_v2_type(array), shape=array.shape)
-            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
-        requests.append(request.SerializeToString())
-    return requests
+__all__ = ["NUMPY", "TensorSpec", "grpc_requests", "infer_requests", "model_file", "model_spec",
+           "random_feeds", "random_tensor"]

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
-import queue
 import threading
 import time
 from array import array
@@ -29,6 +27,7 @@ from typing import Any, cast
 
 import httptools
 
+from serval.loadtest.processes import run_loop, run_shares
 from serval.loadtest.stats import StepResult, summarize, window_share
 
 __all__ = ["StepResult", "encode_http_request", "run_closed_loop"]
@@ -79,53 +78,15 @@ def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: in
     plan = _Plan(host, port, tuple(requests), max(0.0, warmup_s), duration_s, timeout_s)
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    if processes == 1:
-        parts = [_run_share(plan, concurrency, 0, None)]
-    else:
-        parts = _run_in_processes(plan, shares)
+    offsets = [sum(shares[:i]) for i in range(processes)]
+    parts = run_shares(_run_share, [(plan, share, offset) for share, offset
+                                    in zip(shares, offsets, strict=True)],
+                       30.0 + CONNECT_TIMEOUT_S + plan.run_bound_s(), synchronized=True)
     return summarize(parts, concurrency, duration_s)
 
 
-def _run_in_processes(plan: _Plan, shares: list[int]) -> list[dict[str, Any]]:
-    methods = multiprocessing.get_all_start_methods()
-    context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    barrier = context.Barrier(len(shares))
-    results = context.Queue()
-    offsets = [sum(shares[:i]) for i in range(len(shares))]
-    children = [context.Process(target=_child, args=(plan, share, offset, barrier, results),
-                                daemon=True)
-                for share, offset in zip(shares, offsets, strict=True)]
-    for child in children:
-        child.start()
-    deadline = time.monotonic() + 30.0 + CONNECT_TIMEOUT_S + plan.run_bound_s()
-    parts = [_collect(results, deadline) for _ in children]
-    for child in children:
-        child.join(timeout=max(0.1, deadline - time.monotonic()))
-        if child.is_alive():
-            child.kill()
-            child.join()
-    return parts
-
-
-def _collect(results: Any, deadline: float) -> dict[str, Any]:
-    try:
-        return cast(dict[str, Any], results.get(timeout=max(0.1, deadline - time.monotonic())))
-    except queue.Empty:
-        return {"errors": {"generator_lost": 1}}
-
-
-def _child(plan: _Plan, clients: int, offset: int, barrier: Any, results: Any) -> None:
-    try:
-        part = _run_share(plan, clients, offset, barrier)
-    except Exception as exc:  # report, never hang the parent
-        part = {"errors": {f"generator_{type(exc).__name__}": 1}}
-    results.put(part)
-
-
 def _run_share(plan: _Plan, clients: int, offset: int, barrier: Any) -> dict[str, Any]:
-    import uvloop
-
-    return uvloop.run(_drive(plan, clients, offset, barrier))
+    return run_loop(_drive(plan, clients, offset, barrier))
 
 
 @dataclass

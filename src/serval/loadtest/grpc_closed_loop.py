@@ -66,7 +66,8 @@ def run_grpc_closed_loop(target: str, requests: list[bytes], concurrency: int,
     start_at = time.time() + 1.0 + 0.3 * processes  # processes start their clocks together
     args = [(target, requests, share, offset, channels_per_process, start_at, warmup_s,
              duration_s, mode) for share, offset in zip(shares, _offsets(shares), strict=True)]
-    return summarize(run_shares(_run_process, args), concurrency, duration_s)
+    bound_s = start_at - time.time() + warmup_s + duration_s + REQUEST_TIMEOUT_S + 30.0
+    return summarize(run_shares(_run_process, args, bound_s), concurrency, duration_s)
 
 
 def _offsets(shares: list[int]) -> list[int]:

@@ -65,7 +65,8 @@ def run_grpc_open_loop(target: str, requests: list[bytes], rate_rps: float, dura
     start_at = time.time() + 1.0 + 0.3 * processes
     args = [(target, requests, rate_rps / processes, i / processes, start_at, warmup_s,
              duration_s, timeout_s) for i in range(processes)]
-    result = summarize(run_shares(_run_process, args), 0, duration_s)
+    bound_s = start_at - time.time() + warmup_s + duration_s + timeout_s + 30.0
+    result = summarize(run_shares(_run_process, args, bound_s), 0, duration_s)
     result.offered_rps = rate_rps
     return result
 

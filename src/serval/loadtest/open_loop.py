@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
-import queue
 import threading
 import time
 from array import array
@@ -24,6 +22,7 @@ from typing import Any, cast
 import httptools
 
 from serval.loadtest.closed_loop import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from serval.loadtest.processes import run_loop, run_shares
 from serval.loadtest.stats import StepResult, summarize, window_share
 
 _perf_ns = time.perf_counter_ns
@@ -57,48 +56,16 @@ def run_open_loop(host: str, port: int, requests: list[bytes], rate_rps: float,
     schedules = [_Schedule(host, port, tuple(requests), rate_rps / processes, i / processes,
                            max(0.0, warmup_s), duration_s, timeout_s,
                            max(1, max_connections // processes)) for i in range(processes)]
-    parts = [_run(schedules[0], None)] if processes == 1 else _in_processes(schedules)
+    plan = schedules[0]
+    parts = run_shares(_run, [(schedule,) for schedule in schedules],
+                       35.0 + plan.warmup_s + plan.duration_s + plan.timeout_s, synchronized=True)
     result = summarize(parts, 0, duration_s)
     result.offered_rps = rate_rps
     return result
 
 
-def _in_processes(schedules: list[_Schedule]) -> list[dict[str, Any]]:
-    methods = multiprocessing.get_all_start_methods()
-    context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    barrier, results = context.Barrier(len(schedules)), context.Queue()
-    children = [context.Process(target=_child, args=(s, barrier, results), daemon=True)
-                for s in schedules]
-    for child in children:
-        child.start()
-    plan = schedules[0]
-    deadline = time.monotonic() + 35.0 + plan.warmup_s + plan.duration_s + plan.timeout_s
-    parts = []
-    for _ in children:
-        try:
-            parts.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
-        except queue.Empty:
-            parts.append({"errors": {"generator_lost": 1}})
-    for child in children:
-        child.join(timeout=max(0.1, deadline - time.monotonic()))
-        if child.is_alive():
-            child.kill()
-            child.join()
-    return parts
-
-
-def _child(schedule: _Schedule, barrier: Any, results: Any) -> None:
-    try:
-        part = _run(schedule, barrier)
-    except Exception as exc:  # report, never hang the parent
-        part = {"errors": {f"generator_{type(exc).__name__}": 1}}
-    results.put(part)
-
-
 def _run(schedule: _Schedule, barrier: Any) -> dict[str, Any]:
-    import uvloop
-
-    return uvloop.run(_drive(schedule, barrier))
+    return run_loop(_drive(schedule, barrier))
 
 
 @dataclass

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,9 +19,7 @@ from typing import Any
 import yaml
 
 from serval.loadtest.runner import LoadtestSpec, prepare_requests, run_step
-
-READY_TIMEOUT_S = 120.0
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from serval.loadtest.server_process import free_port, running
 
 
 @dataclass(frozen=True)
@@ -75,12 +68,6 @@ def model_config(base: dict[str, Any], trial: TrialConfig) -> dict[str, Any]:
     return config
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def temporary_server(model_dir: Path, trial: TrialConfig) -> Iterator[str]:
     """Serve the model alone with the trial's config; yields http://127.0.0.1:PORT."""
@@ -93,43 +80,12 @@ def temporary_server(model_dir: Path, trial: TrialConfig) -> Iterator[str]:
             if entry.name != "config.yaml":
                 os.symlink(entry.resolve(), target / entry.name)
         (target / "config.yaml").write_text(yaml.safe_dump(model_config(base, trial)))
-        port = _free_port()
+        port = free_port()
         command = [sys.executable, "-m", "serval", "serve", "--repository", str(target.parent),
                    "--http-port", str(port), "--grpc-port", "0", "--workers",
                    str(trial.workers), "--log-level", "warning"]
-        log = (Path(tmp) / "server.log").open("wb")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        try:
-            _wait_ready(process, port, Path(tmp) / "server.log")
+        with running(command, port, "/v2/health/ready", Path(tmp) / "server.log"):
             yield f"http://127.0.0.1:{port}"
-        finally:
-            _stop(process)
-            log.close()
-
-
-def _wait_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"server exited: {tail[0]}")
-        with contextlib.suppress(OSError), _DIRECT.open(
-                f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"server not ready after {READY_TIMEOUT_S:.0f} s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def run_trial(model_dir: Path, trial: TrialConfig, slo_p99_ms: float,
