@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -127,6 +128,47 @@ class ModelConfig(_Strict):
     )
 
 
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    """Every transport limit, timeout and budget (serval.server.limits enforces them); each has a
+    `serval serve` flag of the same name."""
+
+    # both transports
+    max_connections: int = 0  # 0: auto, from the file-descriptor limit
+    tls_handshake_timeout_s: float = 10.0
+    receive_budget_bytes: int = 192 * MIB
+    # HTTP/1.1
+    max_request_bytes: int = 64 * MIB  # one body, inflated too (--max-request-mb)
+    max_url_bytes: int = 8 * 1024
+    max_header_bytes: int = 64 * 1024  # request line and headers together
+    max_header_count: int = 100
+    header_timeout_s: float = 10.0  # from the first byte of a request to the end of its headers
+    body_timeout_s: float = 30.0  # longest pause between two reads of a body
+    keepalive_timeout_s: float = 75.0  # idle between requests
+    max_pipelined: int = 32  # requests read ahead of their answers on one connection
+    write_buffer_bytes: int = 1 * MIB  # answers queued for a client before reading stops
+    # HTTP/2 (gRPC)
+    max_message_bytes: int = 64 * MIB  # one gRPC message, received or sent
+    h2_max_concurrent_streams: int = 1024
+    h2_max_header_list_bytes: int = 64 * 1024
+    h2_stream_window_bytes: int = 1 * MIB
+    h2_connection_window_bytes: int = 16 * MIB
+    h2_max_stream_messages: int = 128  # requests of one stream received and not yet answered
+    h2_preface_timeout_s: float = 10.0  # the client's preface and SETTINGS
+    h2_idle_timeout_s: float = 300.0  # no open stream this long: GOAWAY
+    h2_abuse_window_s: float = 10.0
+    h2_max_control_frames: int = 1000  # PING, SETTINGS, PRIORITY, empty frames per window
+    h2_max_resets: int = 1000  # streams the client reset before their answer, per window
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if value < 0 or (value == 0 and name != "max_connections"):
+                raise ValueError(f"transport limit {name} must be positive, got {value}")
+
+
 class ServerConfig(_Strict):
     """The running server's settings, from CLI flags."""
 
@@ -134,7 +176,6 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(8001, ge=0, le=65535, description="0 disables gRPC")
-    grpc_max_message_mb: int = Field(256, ge=1, le=2047)
     workers: int = Field(1, ge=1, le=64)
     model_control: Literal["all", "lazy", "explicit"] = "all"
     memory_budget: ByteSize | None = Field(
@@ -159,7 +200,8 @@ class ServerConfig(_Strict):
     repository_api: bool | None = Field(
         None, description="load/unload over the API; None: on with model control lazy/explicit"
     )
-    max_request_mb: float = Field(256.0, gt=0.0, description="HTTP bodies beyond: 413")
+    limits: TransportLimits = Field(default_factory=TransportLimits,
+                                    description="per-connection limits, timeouts and budgets")
     max_tensor_elements: int = Field(
         64 * 1024 * 1024, ge=1, description="elements in one input tensor beyond: 400"
     )

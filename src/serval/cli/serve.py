@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from pydantic import ValidationError
 
-from serval.config import ServerConfig
+from serval.config import MIB, ServerConfig, TransportLimits
 from serval.errors import ConfigError
+
+KIB = 1024
+_DEFAULT_LIMITS = TransportLimits()
+
+
+def _limit(field: str, help_text: str, unit: int = 1) -> Any:
+    """A limit's flag: its default from TransportLimits (in the flag's unit), in its own panel."""
+    default = getattr(_DEFAULT_LIMITS, field)
+    if unit != 1:
+        default = default / unit
+    return typer.Option(default, help=help_text, rich_help_panel="Limits and timeouts")
+
 
 
 def serve_command(
@@ -16,9 +29,6 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="HTTP port (KServe v2 REST)."),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (KServe v2); 0 disables."),
-    grpc_max_message_mb: int = typer.Option(
-        256, "--grpc-max-message-mb", help="Largest gRPC message accepted or sent, in MiB."
-    ),
     model_control: str = typer.Option(
         "all", "--model-control",
         help="all: load every model at start; lazy: on first request; explicit: via the API.",
@@ -57,31 +67,93 @@ def serve_command(
         help="Allow model load/unload over the API (default: on with --model-control "
         "explicit or lazy, off with all).",
     ),
-    max_request_mb: float = typer.Option(
-        256.0, "--max-request-mb", help="Largest HTTP request body (inflated too); beyond: 413."
-    ),
     max_tensor_elements: int = typer.Option(
         64 * 1024 * 1024, "--max-tensor-elements",
         help="Most elements in one input tensor; beyond: 400.",
     ),
+    max_connections: int = _limit(
+        "max_connections", "Open connections, HTTP and gRPC together; at the limit a new one "
+        "replaces the oldest idle one (0: from the file-descriptor limit, at most 10,000)."),
+    receive_budget_mb: float = _limit(
+        "receive_budget_bytes", "Request bytes held server-wide; beyond, new requests get "
+        "429 / RESOURCE_EXHAUSTED before their body is read.", MIB),
+    tls_handshake_timeout_s: float = _limit("tls_handshake_timeout_s", "TLS handshake bound."),
+    max_request_mb: float = _limit(
+        "max_request_bytes", "Largest HTTP request body (inflated too); beyond: 413.", MIB),
+    max_url_bytes: int = _limit("max_url_bytes", "Longest request target; beyond: 414."),
+    max_header_bytes: int = _limit(
+        "max_header_bytes", "Request line and headers together; beyond: 431."),
+    max_header_count: int = _limit("max_header_count", "Headers in one request; beyond: 431."),
+    header_timeout_s: float = _limit(
+        "header_timeout_s", "A request's headers must arrive within this; else 408, close."),
+    body_timeout_s: float = _limit(
+        "body_timeout_s", "Longest pause while a body arrives; else 408, close."),
+    keepalive_timeout_s: float = _limit(
+        "keepalive_timeout_s", "An idle HTTP/1.1 connection is closed after this."),
+    max_pipelined: int = _limit(
+        "max_pipelined", "Requests read ahead of their answers on one HTTP/1.1 connection."),
+    write_buffer_kb: float = _limit(
+        "write_buffer_bytes", "Answers queued for a client that does not read; beyond, its "
+        "connection is not read until it catches up.", KIB),
+    grpc_max_message_mb: float = _limit(
+        "max_message_bytes", "Largest gRPC message accepted or sent.", MIB),
+    h2_max_concurrent_streams: int = _limit(
+        "h2_max_concurrent_streams", "Open streams on one HTTP/2 connection."),
+    h2_max_header_list_bytes: int = _limit(
+        "h2_max_header_list_bytes", "Decoded headers of one HTTP/2 request (and its block)."),
+    h2_stream_window_kb: float = _limit(
+        "h2_stream_window_bytes", "HTTP/2 receive window of one stream.", KIB),
+    h2_connection_window_mb: float = _limit(
+        "h2_connection_window_bytes", "HTTP/2 receive window of one connection.", MIB),
+    h2_max_stream_messages: int = _limit(
+        "h2_max_stream_messages", "Requests of one gRPC stream received and not yet answered."),
+    h2_preface_timeout_s: float = _limit(
+        "h2_preface_timeout_s", "The client preface and SETTINGS must arrive within this."),
+    h2_idle_timeout_s: float = _limit(
+        "h2_idle_timeout_s", "An HTTP/2 connection with no open stream this long: GOAWAY."),
+    h2_max_control_frames: int = _limit(
+        "h2_max_control_frames", "PING, SETTINGS, PRIORITY and empty frames per 10 s; beyond: "
+        "GOAWAY (ENHANCE_YOUR_CALM)."),
+    h2_max_resets: int = _limit(
+        "h2_max_resets", "Streams a client resets before their answer, per 10 s; beyond: "
+        "GOAWAY (ENHANCE_YOUR_CALM)."),
 ) -> None:
     """Serve every model in REPOSITORY over KServe v2 REST and gRPC."""
     from serval.server.runner import serve
 
     try:
+        limits = TransportLimits(
+            max_connections=max_connections, receive_budget_bytes=int(receive_budget_mb * MIB),
+            tls_handshake_timeout_s=tls_handshake_timeout_s,
+            max_request_bytes=int(max_request_mb * MIB), max_url_bytes=max_url_bytes,
+            max_header_bytes=max_header_bytes, max_header_count=max_header_count,
+            header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+            keepalive_timeout_s=keepalive_timeout_s, max_pipelined=max_pipelined,
+            write_buffer_bytes=int(write_buffer_kb * KIB),
+            max_message_bytes=int(grpc_max_message_mb * MIB),
+            h2_max_concurrent_streams=h2_max_concurrent_streams,
+            h2_max_header_list_bytes=h2_max_header_list_bytes,
+            h2_stream_window_bytes=int(h2_stream_window_kb * KIB),
+            h2_connection_window_bytes=int(h2_connection_window_mb * MIB),
+            h2_max_stream_messages=h2_max_stream_messages,
+            h2_preface_timeout_s=h2_preface_timeout_s, h2_idle_timeout_s=h2_idle_timeout_s,
+            h2_max_control_frames=h2_max_control_frames, h2_max_resets=h2_max_resets,
+        )
         config = ServerConfig(
             repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
-            grpc_max_message_mb=grpc_max_message_mb, workers=workers,
+            workers=workers,
             model_control=model_control, memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
             log_level=log_level, repository_api=repository_api,
-            max_request_mb=max_request_mb, max_tensor_elements=max_tensor_elements,
+            max_tensor_elements=max_tensor_elements, limits=limits,
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if not repository.is_dir():
         _fail(f"model repository '{repository}' is not a directory")
     if workers > 1 and http_port == 0:

@@ -32,6 +32,7 @@ from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.limits import TransportGuards
 from serval.server.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -95,14 +96,14 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     sampler = asyncio.create_task(status.run())
-    max_body_bytes = int(config.max_request_mb * 1024 * 1024)
-    app = HttpApp(dataplane, metrics, auth, status, max_body_bytes)
+    guards = TransportGuards.build(config.limits)
+    app = HttpApp(dataplane, metrics, auth, status, guards.limits.max_request_bytes)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpProtocol(app, tracker, max_body_bytes),
-                                      sock=sock, backlog=LISTEN_BACKLOG,
-                                      ssl=_tls_context(config))
-    grpc_server = await _start_grpc(dataplane, config, reuse_port, auth)
+    server = await loop.create_server(
+        lambda: HttpProtocol(app, tracker, guards), sock=sock, backlog=LISTEN_BACKLOG,
+        ssl=_tls_context(config), ssl_handshake_timeout=_handshake_timeout(config))
+    grpc_server = await _start_grpc(dataplane, config, reuse_port, auth, guards)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -156,17 +157,20 @@ def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
 
 
 async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bool,
-                      auth: TokenStore | None) -> GrpcServer | None:
+                      auth: TokenStore | None, guards: TransportGuards) -> GrpcServer | None:
     if config.grpc_port == 0:
         return None
     from serval.server.grpc.server import start_grpc_server
 
     return await start_grpc_server(
         dataplane, config.host, config.grpc_port,
-        max_message_bytes=config.grpc_max_message_mb * 1024 * 1024, reuse_port=reuse_port,
-        auth=auth,
+        guards=guards, reuse_port=reuse_port, auth=auth,
         tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None,
     )
+
+
+def _handshake_timeout(config: ServerConfig) -> float | None:
+    return config.limits.tls_handshake_timeout_s if config.tls_cert else None
 
 
 def _tls_context(config: ServerConfig) -> ssl.SSLContext | None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from serval.http2 import frames as h2
 from serval.http2.hpack import HpackDecoder
 from serval.server.grpc.stream import INTERNAL, UNIMPLEMENTED, CallFailed, ServerCall
+from serval.server.limits import TransportGuards
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,10 @@ class GrpcConnection(asyncio.Protocol):
     """The server side of one HTTP/2 connection."""
 
     def __init__(self, runner: CallRunner, connections: set[GrpcConnection],
-                 max_message_bytes: int) -> None:
+                 guards: TransportGuards) -> None:
         self.runner, self.connections = runner, connections
-        self.max_message_bytes = max_message_bytes
+        self.guards, self.limits = guards, guards.limits
+        self.max_message_bytes = guards.limits.max_message_bytes
         self.transport: asyncio.Transport | None = None
         self.calls: dict[int, ServerCall] = {}
         self.last_stream_id = 0

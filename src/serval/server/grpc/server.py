@@ -11,6 +11,7 @@ from serval.dataplane import DataPlane
 from serval.server.grpc.calls import ServiceRunner
 from serval.server.grpc.connection import GrpcConnection
 from serval.server.grpc.servicer import InferenceServicer
+from serval.server.limits import TransportGuards
 
 
 class GrpcServer:
@@ -36,7 +37,7 @@ class GrpcServer:
 
 
 async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
-                            max_message_bytes: int, reuse_port: bool,
+                            guards: TransportGuards, reuse_port: bool,
                             auth: TokenStore | None = None,
                             tls: tuple[Path, Path] | None = None) -> GrpcServer:
     """A started server on host:port; OSError when the port cannot be bound."""
@@ -46,8 +47,9 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
     connections: set[GrpcConnection] = set()
     sock = bind_socket(host, port, reuse_port)
     server = await asyncio.get_running_loop().create_server(
-        lambda: GrpcConnection(runner, connections, max_message_bytes), sock=sock,
-        backlog=LISTEN_BACKLOG, ssl=_tls_context(tls))
+        lambda: GrpcConnection(runner, connections, guards), sock=sock,
+        backlog=LISTEN_BACKLOG, ssl=_tls_context(tls),
+        ssl_handshake_timeout=guards.limits.tls_handshake_timeout_s if tls else None)
     return GrpcServer(server, connections)
 
 

@@ -11,6 +11,7 @@ import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
 from serval.auth import Action, TokenStore, bearer
+from serval.config import TransportLimits
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.observability.status import ServerStatus
@@ -39,7 +40,7 @@ class HttpApp:
 
     def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry,
                  auth: TokenStore | None = None, status: ServerStatus | None = None,
-                 max_body_bytes: int = 256 * 1024 * 1024) -> None:
+                 max_body_bytes: int = TransportLimits.max_request_bytes) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes  # decompressed bodies too
         self.metrics = metrics

@@ -18,10 +18,10 @@ import httptools
 
 from serval.server.http.app import HttpApp, RawHeaders, Reply
 from serval.server.http.errors import JSON_HEADERS, error_body
+from serval.server.limits import TransportGuards
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 256 * 1024 * 1024  # default of --max-request-mb
 IDLE_TIMEOUT_S = 75.0
 _LINGER_S = 2.0
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -58,9 +58,10 @@ class HttpProtocol(asyncio.Protocol):
     """One client connection."""
 
     def __init__(self, app: HttpApp, tracker: ConnectionTracker,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 guards: TransportGuards) -> None:
         self.app, self.tracker = app, tracker
-        self.max_body_bytes = max_body_bytes
+        self.guards, self.limits = guards, guards.limits
+        self.max_body_bytes = guards.limits.max_request_bytes
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Request] = deque()

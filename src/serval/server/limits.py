@@ -1,0 +1,131 @@
+"""What one client may take from the server: the transports' limits, timeouts and budgets.
+
+Serval runs its own HTTP/1.1 and HTTP/2 stacks, so every guard nginx, uvicorn, h2 or grpcio
+would give is here: sizes checked before anything is buffered, timeouts on every phase of a
+connection, and two server-wide budgets shared by both transports:
+
+- `ConnectionGate`: open connections (HTTP and gRPC together). At the limit a new connection
+  takes the place of the oldest one that has no request in progress; if every connection is busy,
+  the new one is closed at once. Slow or idle connections can never lock good clients out.
+- `ReceiveBudget`: bytes of request bodies and gRPC messages held by the server, from the moment
+  their size is known until their answer is written. Past it, new requests are refused (429 /
+  RESOURCE_EXHAUSTED) before their bytes are read.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from serval.config import TransportLimits
+
+log = logging.getLogger(__name__)
+
+_FDS_KEPT_BACK = 512  # for model files, the repository watcher, worker pipes, logs
+
+
+def auto_max_connections() -> int:
+    """Raise the soft descriptor limit to the hard one; allow all but a reserve, at most 10,000."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = 65_536 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    return max(64, min(10_000, soft - _FDS_KEPT_BACK))
+
+
+class GatedConnection(Protocol):
+    """What the gate needs of a connection."""
+
+    def is_idle(self) -> bool:
+        """True when no request is in progress (idle keep-alive, or still sending its first
+        request's headers, or an HTTP/2 connection with no open stream)."""
+
+    def evict(self) -> None:
+        """Close now to make room (the connection may say why, e.g. GOAWAY)."""
+
+
+class ConnectionGate:
+    """The server's open connections, both transports, oldest first."""
+
+    def __init__(self, max_connections: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_connections = max_connections
+        self.open: dict[GatedConnection, None] = {}  # insertion order: oldest first
+        self.evicted = 0
+        self.refused = 0
+        self._clock = clock
+        self._warned_at = float("-inf")
+
+    def admit(self, connection: GatedConnection) -> bool:
+        """Register a new connection; False: no room (the caller closes it)."""
+        if len(self.open) >= self.max_connections:
+            victim = next((c for c in self.open if c.is_idle()), None)
+            if victim is None:
+                self.refused += 1
+                self._warn("refused a new connection")
+                return False
+            self.open.pop(victim, None)
+            self.evicted += 1
+            self._warn("closed the oldest idle connection to make room")
+            victim.evict()
+        self.open[connection] = None
+        return True
+
+    def release(self, connection: GatedConnection) -> None:
+        self.open.pop(connection, None)
+
+    def _warn(self, what: str) -> None:
+        now = self._clock()
+        if now - self._warned_at >= 10.0:
+            self._warned_at = now
+            log.warning("connection limit of %d reached: %s (evicted %d, refused %d so far; "
+                        "--max-connections)", self.max_connections, what, self.evicted,
+                        self.refused)
+
+
+class ReceiveBudget:
+    """Bytes of requests the server holds at once, server-wide."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+        self.refused = 0
+
+    def reserve(self, size_bytes: int) -> bool:
+        """Take size_bytes if they fit; False (and nothing taken) if not."""
+        if self.held_bytes + size_bytes > self.limit_bytes:
+            self.refused += 1
+            return False
+        self.held_bytes += size_bytes
+        return True
+
+    def release(self, size_bytes: int) -> None:
+        self.held_bytes = max(0, self.held_bytes - size_bytes)
+
+    def refusal_message(self, size_bytes: int) -> str:
+        return (f"the server holds {self.held_bytes} bytes of requests, its limit is "
+                f"{self.limit_bytes} (--receive-budget-mb); this request of {size_bytes} bytes "
+                "must wait: retry shortly")
+
+
+@dataclass(frozen=True, slots=True)
+class TransportGuards:
+    """What every connection of one server shares: its limits and the two server-wide budgets."""
+
+    limits: TransportLimits
+    gate: ConnectionGate
+    budget: ReceiveBudget
+
+    @classmethod
+    def build(cls, limits: TransportLimits) -> TransportGuards:
+        if not limits.max_connections:
+            limits = replace(limits, max_connections=auto_max_connections())
+        return cls(limits, ConnectionGate(limits.max_connections),
+                   ReceiveBudget(limits.receive_budget_bytes))
