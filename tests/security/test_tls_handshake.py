@@ -34,7 +34,7 @@ def test_a_stalled_tls_handshake_is_closed_on_both_ports(tmp_path: Path) -> None
         assert _wait_https(port, context) == 200
         for target in (port, grpc_port):
             silent, partial = connect(target), connect(target)
-            partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+            partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # ClientHello start
             started = time.monotonic()
             closed_within(silent, 5.0)
             closed_within(partial, 5.0)
