@@ -1,0 +1,107 @@
+"""Two builds of Serval under the same load, alternated: what a change costs in throughput.
+
+Each round starts the server from tree A, then from tree B (its `src/` first on PYTHONPATH), and
+drives both with this tree's load generator: HTTP JSON, HTTP binary and gRPC unary (and stream),
+`--concurrency` clients, one item per request. Rounds alternate so drift on a noisy box hits
+both builds alike; the table gives each build's median over the rounds and B/A.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/ab_trees.py --a /path/to/before --b . --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import servers
+from bench.workloads import grpc_requests, infer_requests, model_file, model_spec, random_feeds
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
+
+console = Console(width=100)
+MODES = ("http-json", "http-binary", "grpc-unary", "grpc-stream")
+
+
+def main() -> None:
+    args = _parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="serval-ab-"))
+    spec = model_spec(model_file(args.repository, args.model))
+    feeds = random_feeds(spec, batch=1, count=16, seed=0)
+    loads = {"http-json": infer_requests(args.model, feeds, False, servers.HOST),
+             "http-binary": infer_requests(args.model, feeds, True, servers.HOST),
+             "grpc": grpc_requests(args.model, feeds)}
+    rates: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for round_index in range(args.rounds):
+        for label, tree in (("A", args.a), ("B", args.b)):
+            for mode, rate in _measure(args, tree, loads, logs / f"{label}{round_index}.log"):
+                rates[(label, mode)].append(rate)
+                console.print(f"round {round_index + 1} {label} {mode:<12} {rate:>10,.0f} req/s")
+    _print(args, rates)
+
+
+def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]],
+             log: Path) -> list[tuple[str, float]]:
+    port, grpc_port = servers.free_port(), servers.free_port()
+    command = servers.serval_command(args.repository, port, 1, grpc_port)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree.resolve() / "src")
+    try:
+        with servers.running(command, port, "/v2/health/ready", log):
+            servers.get_json(port, f"/v2/models/{args.model}")
+            out = []
+            for mode in MODES:
+                if mode.startswith("http"):
+                    result = run_closed_loop(servers.HOST, port, loads[mode], args.concurrency,
+                                             args.duration, args.warmup)
+                else:
+                    result = run_grpc_closed_loop(f"{servers.HOST}:{grpc_port}", loads["grpc"],
+                                                  args.concurrency, args.duration, args.warmup,
+                                                  processes=1, mode=mode.split("-")[1])
+                if result.failed:
+                    console.print(f"[red]{mode}: {result.failed} failed requests[/]")
+                out.append((mode, result.throughput_rps))
+            return out
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
+def _print(args: argparse.Namespace, rates: dict[tuple[str, str], list[float]]) -> None:
+    table = Table(title=f"{args.model}, {args.concurrency} clients, median of {args.rounds} "
+                        f"rounds (req/s)")
+    for column in ("mode", "A", "B", "B/A"):
+        table.add_column(column, justify="right" if column != "mode" else "left")
+    for mode in MODES:
+        a, b = statistics.median(rates[("A", mode)]), statistics.median(rates[("B", mode)])
+        table.add_row(mode, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.3f}")
+    console.print(table)
+    console.print(f"A = {args.a}\nB = {args.b}")
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="the 'before' source tree")
+    parser.add_argument("--b", type=Path, default=Path("."), help="the 'after' source tree")
+    parser.add_argument("--repository", type=Path, default=Path("examples/models"))
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()
