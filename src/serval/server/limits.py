@@ -18,7 +18,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from serval.config import TransportLimits
@@ -115,6 +115,29 @@ class ReceiveBudget:
                 "must wait: retry shortly")
 
 
+class AbuseLog:
+    """Connections closed for abuse: one warning line per kind at most every `interval_s`.
+
+    An attack closes thousands of connections; the log says what happened and how often, once
+    per kind and interval, never a line per connection and never at ERROR.
+    """
+
+    def __init__(self, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.counts: dict[str, int] = {}
+        self._warned_at: dict[str, float] = {}
+        self._clock = clock
+
+    def closed(self, kind: str, why: str) -> None:
+        """Count one connection closed for `kind`; warn if this kind was quiet long enough."""
+        count = self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = self._clock()
+        if now - self._warned_at.get(kind, float("-inf")) >= self.interval_s:
+            self._warned_at[kind] = now
+            log.warning("closed a connection: %s (%s: %d so far)", why, kind, count)
+
+
 @dataclass(frozen=True, slots=True)
 class TransportGuards:
     """What every connection of one server shares: its limits and the two server-wide budgets."""
@@ -122,6 +145,7 @@ class TransportGuards:
     limits: TransportLimits
     gate: ConnectionGate
     budget: ReceiveBudget
+    abuse: AbuseLog = field(default_factory=AbuseLog)
 
     @classmethod
     def build(cls, limits: TransportLimits) -> TransportGuards:
