@@ -1,0 +1,119 @@
+"""HTTP/1.1 time and room: slow headers, slow bodies and idle connections are closed on time,
+and connections beyond --max-connections never lock a good client out."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tests.conftest import RunningServer
+from tests.security.conftest import closed_within, connect, watch
+from tests.security.http1_helpers import Factory, open_partial, short_server, statuses, wait_for
+
+pytestmark = pytest.mark.integration
+PARTIAL = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Slow: "
+
+
+@pytest.fixture(scope="module")
+def short(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    """--header-timeout-s 1, --body-timeout-s 1, --keepalive-timeout-s 2, 200 connections."""
+    return short_server(server_factory, tmp_path_factory.mktemp("http1-slow"))
+
+
+def test_slowloris_headers_get_408_within_the_header_timeout(short: RunningServer) -> None:
+    with watch(short) as result:
+        socks = [open_partial(short.port, PARTIAL) for _ in range(50)]
+        started = time.monotonic()
+        for _ in range(3):  # keep dribbling: activity does not extend the header deadline
+            time.sleep(0.25)
+            for sock in socks:
+                sock.sendall(b"a")
+        answers = [closed_within(sock, 3.0) for sock in socks]
+        closed_s = time.monotonic() - started
+    for sock in socks:
+        sock.close()
+    assert all(statuses(answer) == [408] for answer in answers), answers[0]
+    assert b"--header-timeout-s" in answers[0]
+    assert closed_s < 2.0
+    result.assert_held()
+    print(f"slowloris 408: RSS +{result.growth_mib:.0f} MiB, all closed in {closed_s:.2f} s, "
+          f"good clients {[round(c.worst_s, 3) for c in result.clients]} s")
+
+
+def test_20k_slowloris_connections_beyond_the_limit_do_not_lock_clients_out(
+        short: RunningServer) -> None:
+    attempts, held = 20_000, []
+    with watch(short) as result:
+        started = time.monotonic()
+        for i in range(attempts):
+            try:
+                held.append(open_partial(short.port, PARTIAL))
+            except OSError:
+                pass  # reset while connecting: the server made room by closing it
+            if len(held) >= 2_000:  # free our descriptors: drop what the server closed
+                held = _still_open(held)
+        attack_s = time.monotonic() - started
+        held = _still_open(held)
+        assert len(held) <= 200 + 10, len(held)  # the server keeps at most its limit
+        left = [held]
+
+        def all_closed() -> bool:
+            left[0] = _still_open(left[0])
+            return not left[0]
+
+        wait_for(all_closed, 5.0, "the last slowloris connections close (408)")
+    result.assert_held()
+    print(f"20k slowloris: RSS +{result.growth_mib:.0f} MiB, {attempts} connections in "
+          f"{attack_s:.1f} s, good clients {[round(c.worst_s, 3) for c in result.clients]} s "
+          f"({[c.calls for c in result.clients]} calls)")
+
+
+def _still_open(socks: list[socket.socket]) -> list[socket.socket]:
+    """The sockets the server has not closed; the others are closed here."""
+    kept = []
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            gone = False
+        except OSError:
+            gone = True
+        else:
+            gone = True  # EOF or an answer (a 408): the server is done with it
+        if gone:
+            sock.close()
+        else:
+            sock.setblocking(True)
+            kept.append(sock)
+    return kept
+
+
+def test_a_paused_body_gets_408_within_the_body_timeout(short: RunningServer) -> None:
+    with watch(short) as result, connect(short.port) as sock:
+        sock.sendall(b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: t\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"inputs\": [")
+        started = time.monotonic()
+        answer = closed_within(sock, 3.0)
+        closed_s = time.monotonic() - started
+    assert statuses(answer) == [408] and b"--body-timeout-s" in answer
+    assert 0.9 < closed_s < 2.1
+    result.assert_held()
+    print(f"slow body: closed in {closed_s:.2f} s")
+
+
+def test_an_idle_keepalive_connection_is_closed(short: RunningServer) -> None:
+    with connect(short.port) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+        started = time.monotonic()
+        answer = closed_within(sock, 4.0)
+        closed_s = time.monotonic() - started
+    assert statuses(answer) == [200]
+    assert 1.9 < closed_s < 3.1  # --keepalive-timeout-s 2
+
+
+def test_a_silent_new_connection_is_closed_without_an_answer(short: RunningServer) -> None:
+    with connect(short.port) as sock:
+        assert closed_within(sock, 3.0) == b""  # --header-timeout-s 1
