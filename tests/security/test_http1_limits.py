@@ -49,8 +49,9 @@ def test_a_300_mib_header_value_is_refused_after_64_kib(small: RunningServer) ->
         sender.join(timeout=10)
     assert statuses(answer) == [431] and b"--max-header-bytes" in answer
     result.assert_held()
-    print(f"huge header: sent {sent[0] / MIB:.0f} MiB, RSS +{result.growth_mib:.0f} MiB, closed in {closed_s:.2f} s, "
-          f"good clients {[round(c.worst_s, 3) for c in result.clients]} s")
+    print(f"huge header: sent {sent[0] / MIB:.0f} MiB, RSS +{result.growth_mib:.0f} MiB, "
+          f"closed in {closed_s:.2f} s, good clients "
+          f"{[round(c.worst_s, 3) for c in result.clients]} s")
 
 
 def test_many_small_headers_are_refused_by_count_and_by_bytes(small: RunningServer) -> None:
