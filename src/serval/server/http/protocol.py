@@ -323,8 +323,7 @@ class HttpProtocol(asyncio.Protocol):
         self._release(self.reserved)  # the request being read is dropped
         self.reserved, self.body = 0, []
         if abuse:
-            self.guards.abuse.closed(abuse, f"HTTP/1.1 {answer.reply[0]} "
-                                            f"{answer.reply[1][:160].decode('latin-1')}")
+            self.guards.abuse.closed(abuse, f"HTTP/1.1 {answer.reply[0]}: {answer.message}")
         self.pending.append(answer)
         if self.handler is None:
             self.handler = self.loop.create_task(self._serve_pending())

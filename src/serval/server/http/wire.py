@@ -35,8 +35,9 @@ class Refusal:
 
     reply: Reply
     linger: bool = True
+    message: str = ""  # for the log
 
 
 def refusal(status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = (),
             linger: bool = True) -> Refusal:
-    return Refusal((status, error_body(message), [*JSON_HEADERS, *headers]), linger)
+    return Refusal((status, error_body(message), [*JSON_HEADERS, *headers]), linger, message)
