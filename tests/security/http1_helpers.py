@@ -95,3 +95,12 @@ def create_token(tokens: Path, *scopes: str) -> str:
                              str(tokens), "--name", "-".join(scopes), *args],
                             capture_output=True, text=True, timeout=60, check=True)
     return result.stdout.strip()
+
+
+def assert_log_quiet(server: RunningServer, max_warnings: int = 20) -> None:
+    """Nothing at ERROR; closed abusers are a few rate-limited warning lines, not one each."""
+    lines = server.log().splitlines()
+    errors = [line for line in lines if '"level":"error"' in line or "Traceback" in line]
+    assert not errors, errors[:3]
+    warnings = [line for line in lines if '"level":"warning"' in line]
+    assert len(warnings) <= max_warnings, warnings[:5]

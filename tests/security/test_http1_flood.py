@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import RunningServer
 from tests.security.conftest import connect, watch
-from tests.security.http1_helpers import Factory, short_server
+from tests.security.http1_helpers import Factory, assert_log_quiet, short_server
 
 pytestmark = pytest.mark.integration
 REQUESTS = 200_000
@@ -39,6 +39,7 @@ def test_200k_pipelined_gets_from_a_client_that_never_reads(short: RunningServer
     # written answers pause reading; after --body-timeout-s (1 s) of no progress: closed
     assert closed_s < 5.0
     result.assert_held()
+    assert_log_quiet(short)
     print(f"pipelined flood: RSS +{result.growth_mib:.0f} MiB, closed in {closed_s:.2f} s, "
           f"good clients {[round(c.worst_s, 3) for c in result.clients]} s")
 
