@@ -37,6 +37,7 @@ from serval.server.limits import TransportGuards
 log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0
+_STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
 _FULL = encode_reply((503, b'{"error":"the server is at its connection limit '
                             b'(--max-connections); retry shortly"}',
                       [(b"content-type", b"application/json")]), keep_alive=False)
@@ -466,8 +467,11 @@ class HttpProtocol(asyncio.Protocol):
     # lifecycle -------------------------------------------------------------------------------
 
     def is_idle(self) -> bool:
-        """No request in hand: idle keep-alive, or still sending a request's headers."""
-        return not self.in_body and not self.pending and self.handler is None
+        """No request in hand: idle keep-alive, still sending a request's headers, or stalled
+        in a body (nothing for _STALLED_BODY_S: a slow-POST attacker must not hold the room)."""
+        if self.pending or self.handler is not None:
+            return False
+        return not self.in_body or self.loop.time() - self.last_read >= _STALLED_BODY_S
 
     def evict(self) -> None:
         """The connection gate needs the room: close now."""
