@@ -158,3 +158,23 @@ def _answered(server: RunningServer) -> bool:
         return call(server.url, "GET", "/v2/health/live").status == 200
     except OSError:
         return False
+
+
+def test_announced_bodies_sent_a_byte_at_a_time_hold_no_budget(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """Slow POST against the receive budget: 4 x 25 MiB announced (the whole 100 MiB budget),
+    a byte now and then; other clients' bodies still fit."""
+    server = short_server(server_factory, tmp_path, "--receive-budget-mb", "100",
+                          "--body-timeout-s", "10")
+    head = (b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n"
+            % (25 * 1024 * 1024))
+    with watch(server) as result:
+        dribblers = [open_partial(server.port, head + b"{") for _ in range(4)]
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline or min(c.calls for c in result.clients) < 5:
+            time.sleep(0.25)
+            for sock in dribblers:
+                sock.sendall(b" ")
+    for sock in dribblers:
+        sock.close()
+    result.assert_held()  # the good HTTP client's bodies were answered 200, not 429

@@ -9,7 +9,9 @@ connection, and two server-wide budgets shared by both transports:
   the new one is closed at once. Slow or idle connections can never lock good clients out.
 - `ReceiveBudget`: bytes of request bodies and gRPC messages held by the server, from the moment
   their size is known until their answer is written. Past it, new requests are refused (429 /
-  RESOURCE_EXHAUSTED) before their bytes are read.
+  RESOURCE_EXHAUSTED) before their bytes are read. (HTTP/1.1 checks that a body's announced size
+  fits when its headers end but reserves its bytes as they arrive: a client that announces
+  64 MiB and sends a byte a minute holds a byte, not the budget.)
 """
 
 from __future__ import annotations
@@ -104,6 +106,13 @@ class ReceiveBudget:
             self.refused += 1
             return False
         self.held_bytes += size_bytes
+        return True
+
+    def fits(self, size_bytes: int) -> bool:
+        """Whether size_bytes would fit now (nothing taken); a False counts as a refusal."""
+        if self.held_bytes + size_bytes > self.limit_bytes:
+            self.refused += 1
+            return False
         return True
 
     def release(self, size_bytes: int) -> None:

@@ -5,8 +5,9 @@ wait their turn; an error found in a later request is queued behind the earlier 
 client may take is bounded before it is buffered (serval.server.limits, `--max-*` flags):
 
 - sizes: request target (414), request line and headers in bytes and count (431), body (413),
-  counted as the bytes arrive; the server-wide receive budget (429) and authorization (401/403)
-  are settled when the headers are complete, before any body is read or `100 Continue` sent;
+  counted as the bytes arrive; authorization (401/403) and whether the body fits the server-wide
+  receive budget (429) are settled when the headers are complete, before any body is read or
+  `100 Continue` sent (the budget then holds the body's bytes as they arrive);
 - flow: a client that does not read its answers, or pipelines more than --max-pipelined
   requests ahead of them, is not read until it catches up (write buffer limits);
 - time: headers, body pauses, idle keep-alive and a peer that stops reading are each bounded,
@@ -224,7 +225,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.progress = True
         self.body_bytes += len(body)
-        if self.body_bytes > self.reserved:  # chunked: the budget grows with the body
+        if self.body_bytes > self.reserved:  # the budget holds what has arrived
             self._check_body_size(self.body_bytes)
             self._reserve(self.body_bytes - self.reserved)
         self.body.append(body)
@@ -282,8 +283,9 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(Refusal(denied))
             raise _Refused
         self._check_body_size(self.content_length)
-        if self.content_length > 0:
-            self._reserve(self.content_length)
+        if self.content_length > 0 and not self.guards.budget.fits(self.content_length):
+            self._refuse(self._over_budget(self.content_length))
+            raise _Refused
         if self.expect_continue and self.parser is not None \
                 and self.parser.get_http_version() != "1.0":
             if self.pending or self.handler is not None:
@@ -298,13 +300,15 @@ class HttpProtocol(asyncio.Protocol):
                              f"limit of {self.max_body_bytes} bytes (--max-request-mb)")
 
     def _reserve(self, size_bytes: int) -> None:
-        budget = self.guards.budget
-        if not budget.reserve(size_bytes):
-            self._refuse(refusal(429, budget.refusal_message(size_bytes),
-                                 [(b"retry-after", b"1")]))
+        if not self.guards.budget.reserve(size_bytes):
+            self._refuse(self._over_budget(max(self.content_length, self.body_bytes)))
             raise _Refused
         self.reserved += size_bytes
         self.reserved_total += size_bytes
+
+    def _over_budget(self, size_bytes: int) -> Refusal:
+        return refusal(429, self.guards.budget.refusal_message(size_bytes),
+                       [(b"retry-after", b"1")])
 
     def _release(self, size_bytes: int) -> None:
         size_bytes = min(size_bytes, self.reserved_total)
