@@ -250,10 +250,8 @@ class RequestReader(asyncio.Protocol):
     def _upgrade_refused(self) -> None:
         """Upgrade or CONNECT: answer the request as plain HTTP/1.1 (RFC 9110 lets a server
         ignore Upgrade), then close; nothing after it is parsed."""
-        self.refused = True
         last = self._last_queued()
         if isinstance(last, Request):
-            last.keep_alive = False
+            self.refused, last.keep_alive = True, False
         else:
-            self.refused = False
             self._refuse(refusal(400, "protocol upgrades are not supported"))
