@@ -122,7 +122,7 @@ class HttpProtocol(RequestReader):
             self.handler.cancel()  # the client is gone: drop its queued work
         # Break every cycle now (parser <-> callbacks, timer, task): freed without a GC pass.
         self.reserved_total = 0
-        self.parser = self.transport = self.timer = self.drained = None
+        self.parser = self.transport = self.timer = self.drained = self.unparsed = None
         self.pending.clear()
         self._reset_message()
 
@@ -145,6 +145,9 @@ class HttpProtocol(RequestReader):
         if self.transport is not None:
             self.transport.write(CONTINUE)
 
+    def _read_ahead_full(self) -> bool:
+        return len(self.pending) >= self.max_pipelined
+
     # flow ------------------------------------------------------------------------------------
 
     def _update_reading(self) -> None:
@@ -164,6 +167,10 @@ class HttpProtocol(RequestReader):
         self.last_read = self.loop.time()  # its clocks start again: it could not send
         if self.in_headers:
             self.header_started = self.last_read
+        if self.unparsed is not None:
+            self._resume_parsing()
+            if len(self.pending) >= self.max_pipelined:
+                self._update_reading()
 
     # timeouts --------------------------------------------------------------------------------
 

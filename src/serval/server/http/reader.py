@@ -22,6 +22,8 @@ from serval.server.http.app import HttpApp, RawHeaders
 from serval.server.http.wire import Refusal, refusal
 from serval.server.limits import TransportGuards
 
+_SLICE_BYTES = 16 * 1024  # parsed at a time: a pipelining client's requests, few at once
+
 
 @dataclass(slots=True)
 class Request:
@@ -54,6 +56,8 @@ class RequestReader(asyncio.Protocol):
         self.last_read = self.header_started = self.loop.time()
         self.progress = False  # a parser callback ran during the current feed
         self.stalled = 0  # bytes fed with no callback at all (inside one header or chunk line)
+        self.slice_bytes = min(self.max_header_bytes, _SLICE_BYTES)
+        self.unparsed: memoryview | None = None  # read, kept back while enough requests wait
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -80,20 +84,37 @@ class RequestReader(asyncio.Protocol):
     def _send_continue(self) -> None:
         raise NotImplementedError
 
+    def _read_ahead_full(self) -> bool:
+        """Whether enough requests wait for answers: parse no further for now."""
+        raise NotImplementedError
+
     # bytes in --------------------------------------------------------------------------------
 
-    def _receive(self, data: bytes) -> None:
+    def _receive(self, data: bytes | memoryview) -> None:
+        """Parse data in slices: a header never grows a slice past its limit, and what is past
+        the read-ahead limit waits in `unparsed` (see `_resume_parsing`)."""
         if self.refused or self.parser is None:
             return  # refused: read and drop what the client still sends (lingering close)
-        step = self.max_header_bytes
+        if self.unparsed is not None:  # (not expected: reading pauses while it is kept)
+            data, self.unparsed = bytes(self.unparsed) + data, None
+        step = self.slice_bytes
         if len(data) <= step:
             self._feed(data)
             return
-        view = memoryview(data)  # in slices: a header never grows a slice past its limit
-        for start in range(0, len(data), step):
+        view = memoryview(data)
+        for start in range(0, len(view), step):
+            if start and self._read_ahead_full():
+                self.unparsed = view[start:]
+                return
             self._feed(view[start:start + step])
             if self.refused:
                 return
+
+    def _resume_parsing(self) -> None:
+        """The connection caught up: parse what was kept back."""
+        if self.unparsed is not None:
+            data, self.unparsed = self.unparsed, None
+            self._receive(data)
 
     def on_message_begin(self) -> None:
         self.progress = self.started = True
