@@ -132,8 +132,8 @@ class HttpProtocol(RequestReader):
         self.pending.append(item)
         if self.handler is None:
             self.handler = self.loop.create_task(self._serve_pending())
-        if self.reading_paused:
-            self._update_reading()
+        if self.reading_paused and isinstance(item, Refusal):
+            self._update_reading()  # read and drop what the client still sends
 
     def _answering(self) -> bool:
         return bool(self.pending) or self.handler is not None
@@ -151,26 +151,29 @@ class HttpProtocol(RequestReader):
     # flow ------------------------------------------------------------------------------------
 
     def _update_reading(self) -> None:
-        """Read only while the client reads its answers and is not too far ahead of them."""
+        """Read only while the client reads its answers and is not too far ahead of them:
+        pause at --max-pipelined waiting requests, go on at half (what was read and kept back
+        is parsed first, without touching the socket)."""
         transport = self.transport
         if transport is None:
             return
-        pause = self.write_paused or (len(self.pending) >= self.max_pipelined
-                                      and not self.refused)
-        if pause == self.reading_paused:
+        if not self.reading_paused:
+            if self.write_paused or (self._read_ahead_full() and not self.refused):
+                self.reading_paused = True
+                transport.pause_reading()
             return
-        self.reading_paused = pause
-        if pause:
-            transport.pause_reading()
+        if self.write_paused or (len(self.pending) > self.max_pipelined // 2
+                                 and not self.refused):
             return
+        if self.unparsed is not None:
+            self._resume_parsing()
+            if self._read_ahead_full() and not self.refused:
+                return  # still far enough ahead
+        self.reading_paused = False
         transport.resume_reading()
         self.last_read = self.loop.time()  # its clocks start again: it could not send
         if self.in_headers:
             self.header_started = self.last_read
-        if self.unparsed is not None:
-            self._resume_parsing()
-            if len(self.pending) >= self.max_pipelined:
-                self._update_reading()
 
     # timeouts --------------------------------------------------------------------------------
 
