@@ -57,9 +57,11 @@ def test_a_300_mib_header_value_is_refused_after_64_kib(small: RunningServer) ->
 def test_many_small_headers_are_refused_by_count_and_by_bytes(small: RunningServer) -> None:
     with watch(small) as result:
         with connect(small.port) as sock:  # 64 MiB of tiny headers: the count stops it
+            started = time.monotonic()
             send_until_refused(sock, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n",
                                b"X-A: b\r\n", 64 * MIB)
             answer = closed_within(sock, 10.0)
+            closed_s = time.monotonic() - started
         assert statuses(answer) == [431] and b"more than 100 header fields" in answer
         with connect(small.port) as sock:  # fewer, longer headers: the byte count stops it
             headers = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000) for i in range(90))
@@ -67,14 +69,20 @@ def test_many_small_headers_are_refused_by_count_and_by_bytes(small: RunningServ
             answer = closed_within(sock, 10.0)
         assert statuses(answer) == [431] and b"65536 bytes" in answer
     result.assert_held()
+    print(f"64 MiB of small headers: RSS +{result.growth_mib:.0f} MiB, sent and closed in "
+          f"{closed_s:.2f} s, good clients {[round(c.worst_s, 3) for c in result.clients]} s")
 
 
 def test_a_long_request_target_gets_414(small: RunningServer) -> None:
     with watch(small) as result, connect(small.port) as sock:
+        started = time.monotonic()
         send_until_refused(sock, b"GET /", b"a", 16 * MIB)
         answer = closed_within(sock, 10.0)
+        closed_s = time.monotonic() - started
     assert statuses(answer) == [414] and b"--max-url-bytes" in answer
     result.assert_held()
+    print(f"16 MiB URL: RSS +{result.growth_mib:.0f} MiB, sent and closed in {closed_s:.2f} s, "
+          f"good clients {[round(c.worst_s, 3) for c in result.clients]} s")
 
 
 def test_a_valid_request_then_garbage_answers_both_in_order(small: RunningServer) -> None:

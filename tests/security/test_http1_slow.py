@@ -115,7 +115,8 @@ def test_a_paused_body_gets_408_within_the_body_timeout(short: RunningServer) ->
     assert statuses(answer) == [408] and b"--body-timeout-s" in answer
     assert 0.9 < closed_s < 2.1
     result.assert_held()
-    print(f"slow body: closed in {closed_s:.2f} s")
+    print(f"slow body: RSS +{result.growth_mib:.0f} MiB, closed in {closed_s:.2f} s, good "
+          f"clients {[round(c.worst_s, 3) for c in result.clients]} s")
 
 
 def test_an_idle_keepalive_connection_is_closed(short: RunningServer) -> None:
@@ -146,6 +147,7 @@ def test_busy_connections_are_kept_and_stalled_bodies_make_room(
     # a second without a byte of their bodies (slow POST): a new client takes the place of one,
     # long before --body-timeout-s
     took_s = wait_for(lambda: _answered(server), 3.0, "a new connection is admitted")
+    print(f"slow POST at the connection limit: a new client admitted after {took_s:.2f} s")
     assert took_s < 2.0
     left = _still_open(busy)
     assert len(left) < 3  # the oldest stalled one was evicted
@@ -178,3 +180,5 @@ def test_announced_bodies_sent_a_byte_at_a_time_hold_no_budget(
     for sock in dribblers:
         sock.close()
     result.assert_held()  # the good HTTP client's bodies were answered 200, not 429
+    print(f"budget dribble: RSS +{result.growth_mib:.0f} MiB, good clients "
+          f"{[round(c.worst_s, 3) for c in result.clients]} s")
