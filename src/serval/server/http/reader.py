@@ -180,7 +180,7 @@ class RequestReader(asyncio.Protocol):
         self.progress, self.in_body, self.started = True, False, False
         self.continue_owed = False
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
-                           self.parser.should_keep_alive(), self.query, self.reserved)
+                          self.parser.should_keep_alive(), self.query, self.reserved)
         self.reserved = 0  # the request holds it now
         self.body = []
         self._enqueue(request)
