@@ -11,11 +11,10 @@ once per `period` however many requests the connection serves.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 
 # check(now) acts on any deadline that has passed and returns the next one (math.inf: nothing
-# to time now, look again within a period), or None once the connection is closed.
+# to time now; look again within a period), or None once the connection is closed.
 Check = Callable[[float], float | None]
 
 
@@ -45,5 +44,6 @@ class ConnectionTimer:
         deadline = self._check(now)
         if deadline is None or self._handle is not None:  # closed, or re-armed by check
             return
-        when = min(deadline, now + self._period) if deadline != math.inf else now + self._period
+        # a deadline already past was acted on (or is the owner's bug): never spin on it
+        when = deadline if now < deadline < now + self._period else now + self._period
         self._handle = self._loop.call_at(when, self._fire)
