@@ -137,3 +137,22 @@ def test_both_listeners_keep_a_deep_accept_backlog(server: RunningServer) -> Non
         listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
                                  text=True, check=True).stdout.split()
         assert listing[0] == "LISTEN" and int(listing[2]) >= 4096, listing  # Send-Q: backlog
+
+
+def test_a_client_that_half_closes_gets_every_pipelined_answer(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(_request() * 3)
+        sock.shutdown(socket.SHUT_WR)
+        responses = _read_responses(sock, 4)
+    assert len(responses) == 3 and all(r.startswith(b"HTTP/1.1 200") for r in responses)
+
+
+def test_an_upgrade_request_is_answered_as_http_1_1_then_closed(server: RunningServer) -> None:
+    with _connect(server) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: h2c\r\n\r\nGET /v2/health/live HTTP/1.1\r\n\r\n")
+        responses = _read_responses(sock, 2)
+        assert sock.recv(1024) == b""
+    assert len(responses) == 1 and responses[0].startswith(b"HTTP/1.1 200")
+    assert b"connection: close" in responses[0]
+

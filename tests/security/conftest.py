@@ -52,6 +52,7 @@ class GoodClient:
 
     server: RunningServer
     grpc: bool = False
+    token: str | None = None  # a bearer token, for a server with auth on
     worst_s: float = 0.0
     calls: int = 0
     failures: list[str] = field(default_factory=list)
@@ -72,13 +73,14 @@ class GoodClient:
         client = triton_grpc.InferenceServerClient(self.server.grpc_url) if self.grpc else None
         x = triton_grpc.InferInput("x", [1, 8], "FP32")
         x.set_data_from_numpy(np.full((1, 8), 0.5, dtype=np.float32))
+        auth = {"authorization": f"Bearer {self.token}"} if self.token else None
         while not self._stop.is_set():
             started = time.perf_counter()
             try:
                 if client is not None:
-                    client.infer("linear", [x], client_timeout=5.0)
+                    client.infer("linear", [x], client_timeout=5.0, headers=auth)
                 else:
-                    reply = infer(self.server.url, "linear", INFER_DOC)
+                    reply = infer(self.server.url, "linear", INFER_DOC, auth)
                     if reply.status != 200:
                         self.failures.append(f"HTTP {reply.status}")
             except Exception as exc:
@@ -111,12 +113,15 @@ class Watch:
 
 
 @contextmanager
-def watch(server: RunningServer, clients: bool = True) -> Iterator[Watch]:
-    """Sample the server's RSS every 20 ms while the block runs; good clients beside it."""
+def watch(server: RunningServer, clients: bool = True,
+          token: str | None = None) -> Iterator[Watch]:
+    """Sample the server's RSS every 20 ms while the block runs; good clients beside it (with
+    `token` as their bearer token where the server has auth on)."""
     pid = server.process.pid
     result = Watch(rss_mib(pid), rss_mib(pid), [])
     if clients:
-        result.clients = [GoodClient(server).start(), GoodClient(server, grpc=True).start()]
+        result.clients = [GoodClient(server, token=token).start(),
+                          GoodClient(server, grpc=True, token=token).start()]
     stop = threading.Event()
 
     def sample() -> None:

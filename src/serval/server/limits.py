@@ -9,7 +9,9 @@ connection, and two server-wide budgets shared by both transports:
   the new one is closed at once. Slow or idle connections can never lock good clients out.
 - `ReceiveBudget`: bytes of request bodies and gRPC messages held by the server, from the moment
   their size is known until their answer is written. Past it, new requests are refused (429 /
-  RESOURCE_EXHAUSTED) before their bytes are read.
+  RESOURCE_EXHAUSTED) before their bytes are read. (HTTP/1.1 checks that a body's announced size
+  fits when its headers end but reserves its bytes as they arrive: a client that announces
+  64 MiB and sends a byte a minute holds a byte, not the budget.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from serval.config import TransportLimits
@@ -106,6 +108,13 @@ class ReceiveBudget:
         self.held_bytes += size_bytes
         return True
 
+    def fits(self, size_bytes: int) -> bool:
+        """Whether size_bytes would fit now (nothing taken); a False counts as a refusal."""
+        if self.held_bytes + size_bytes > self.limit_bytes:
+            self.refused += 1
+            return False
+        return True
+
     def release(self, size_bytes: int) -> None:
         self.held_bytes = max(0, self.held_bytes - size_bytes)
 
@@ -115,6 +124,29 @@ class ReceiveBudget:
                 "must wait: retry shortly")
 
 
+class AbuseLog:
+    """Connections closed for abuse: one warning line per kind at most every `interval_s`.
+
+    An attack closes thousands of connections; the log says what happened and how often, once
+    per kind and interval, never a line per connection and never at ERROR.
+    """
+
+    def __init__(self, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.counts: dict[str, int] = {}
+        self._warned_at: dict[str, float] = {}
+        self._clock = clock
+
+    def closed(self, kind: str, why: str) -> None:
+        """Count one connection closed for `kind`; warn if this kind was quiet long enough."""
+        count = self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = self._clock()
+        if now - self._warned_at.get(kind, float("-inf")) >= self.interval_s:
+            self._warned_at[kind] = now
+            log.warning("closed a connection: %s (%s: %d so far)", why, kind, count)
+
+
 @dataclass(frozen=True, slots=True)
 class TransportGuards:
     """What every connection of one server shares: its limits and the two server-wide budgets."""
@@ -122,6 +154,7 @@ class TransportGuards:
     limits: TransportLimits
     gate: ConnectionGate
     budget: ReceiveBudget
+    abuse: AbuseLog = field(default_factory=AbuseLog)
 
     @classmethod
     def build(cls, limits: TransportLimits) -> TransportGuards:

@@ -57,30 +57,42 @@ class HttpApp:
         except Exception as exc:
             return unexpected_error_response(exc, f"{method} {path}")
 
+    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | None:
+        """Before a body is read: the authorization `handle` would check (401/403), or None.
+
+        The transport asks this when a request's headers are complete, so a client without
+        the right token is refused before it can make the server hold its body."""
+        if self.auth is None:
+            return None
+        try:
+            self._authorize(headers, path.strip("/").split("/"), method)
+        except ServalError as exc:
+            return serval_error_response(exc, f"{method} {path}")
+        return None
+
     async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
                      query: str = "") -> Reply:
         parts = path.strip("/").split("/")
+        self._authorize(headers, parts, method)
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
                 return await self._model_route(method, parts[2:], headers, body)
             if len(parts) >= 3 and parts[1] == "repository":
-                return await self._repository_route(method, parts[2:], headers, body)
-            if parts[1:2] != ["health"]:  # liveness and readiness probes stay open
-                self._authorize(headers, Action.READ)
+                return await self._repository_route(method, parts[2:], body)
             return self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
-            self._authorize(headers, Action.READ)
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
         if StatusRoutes.is_asset(parts):  # the status page: open, it holds no data
             return self.status.asset(method, parts)
         if parts[0] == "status":  # the status page's JSON
-            self._authorize(headers, Action.READ)
             return self.status.json(method, parts[1:], query)
         return _not_found(method, path)
 
-    def _authorize(self, headers: RawHeaders, action: Action, model: str = "") -> None:
+    def _authorize(self, headers: RawHeaders, parts: list[str], method: str) -> None:
         if self.auth is not None:
-            self.auth.check(bearer(_authorization(headers)), action, model)
+            needed = _access(method, parts)
+            if needed is not None:
+                self.auth.check(bearer(_authorization(headers)), *needed)
 
     def _server_route(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":
@@ -103,7 +115,6 @@ class HttpApp:
         name, version, action = _split_model_path(parts)
         if action is None:
             return _not_found(method, "/v2/models/" + "/".join(parts))
-        self._authorize(headers, Action.INFER if action == "infer" else Action.READ, name)
         if action == "infer":
             if method != "POST":
                 return _method_not_allowed(method, "infer (use POST)")
@@ -119,12 +130,10 @@ class HttpApp:
             return _json(self.dataplane.statistics(name, version))
         return _json(await self.dataplane.model_metadata(name, version))
 
-    async def _repository_route(self, method: str, parts: list[str], headers: RawHeaders,
-                                body: bytes) -> Reply:
+    async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:
         """Triton's model repository extension: index, load (optional config), unload."""
         if method != "POST":
             return _method_not_allowed(method, "/v2/repository (use POST)")
-        self._authorize(headers, Action.READ if parts == ["index"] else Action.ADMIN)
         params = _repository_parameters(body)
         if parts == ["index"]:
             return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
@@ -153,6 +162,27 @@ class HttpApp:
             (b"content-type", b"application/octet-stream"),
             (b"inference-header-content-length", str(json_length).encode()),
         ]
+
+
+def _access(method: str, parts: list[str]) -> tuple[Action, str] | None:
+    """The scope a request needs on which model, read from its path as `_route` reads it; None:
+    open (health probes, the status page's assets) or refused before authorization (404, 405)."""
+    if parts[0] == "v2":
+        if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
+            name, _, action = _split_model_path(parts[2:])
+            if action is None:
+                return None
+            return (Action.INFER if action == "infer" else Action.READ), name
+        if len(parts) >= 3 and parts[1] == "repository":
+            if method != "POST":
+                return None
+            return (Action.READ if parts[2:] == ["index"] else Action.ADMIN), ""
+        return None if parts[1:2] == ["health"] else (Action.READ, "")
+    if parts == ["metrics"] and method == "GET":
+        return Action.READ, ""
+    if parts[0] == "status":
+        return Action.READ, ""
+    return None
 
 
 def _split_model_path(parts: list[str]) -> tuple[str, str | None, str | None]:

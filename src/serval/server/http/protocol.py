@@ -1,41 +1,43 @@
 """A lean HTTP/1.1 server for the v2 routes: httptools parsing, one write per response.
 
 Each connection parses requests as bytes arrive and answers them in order (pipelined requests
-wait their turn). A client that disconnects cancels its request, which frees its queue slot.
+wait their turn; an error found in a later request is queued behind the earlier answers). What a
+client may take is bounded before it is buffered (serval.server.limits, `--max-*` flags):
+
+- sizes (414, 431, 413), authorization (401/403) and the receive budget (429): reader.py,
+  counted as the bytes arrive and settled before a body is read or `100 Continue` sent;
+- flow: a client that does not read its answers, or pipelines more than --max-pipelined
+  requests ahead of them, is not read until it catches up (write buffer limits);
+- time: headers, body pauses, idle keep-alive and a peer that stops reading are each bounded,
+  all by one timer per connection (timer.py);
+- room: every connection passes the server's ConnectionGate, which may evict an idle one.
+
+A closed connection drops everything it holds (parser, queue, timer, task), so nothing waits for
+the cycle collector.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import cast
-from urllib.parse import unquote
 
-import httptools
-
-from serval.server.http.app import HttpApp, RawHeaders, Reply
-from serval.server.http.errors import JSON_HEADERS, error_body
+from serval.server.http.app import HttpApp
+from serval.server.http.reader import Request, RequestReader
+from serval.server.http.timer import ConnectionTimer
+from serval.server.http.wire import CONTINUE, Refusal, encode_reply, refusal
 from serval.server.limits import TransportGuards
 
 log = logging.getLogger(__name__)
 
-IDLE_TIMEOUT_S = 75.0
 _LINGER_S = 2.0
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
-
-
-@dataclass(slots=True)
-class _Request:
-    method: str
-    path: str
-    headers: RawHeaders
-    body: bytes
-    keep_alive: bool
-    query: str = ""
+_STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
+_FULL = encode_reply((503, b'{"error":"the server is at its connection limit '
+                            b'(--max-connections); retry shortly"}',
+                      [(b"content-type", b"application/json")]), keep_alive=False)
 
 
 @dataclass
@@ -54,141 +56,242 @@ class ConnectionTracker:
             connection.abort()
 
 
-class HttpProtocol(asyncio.Protocol):
-    """One client connection."""
+class HttpProtocol(RequestReader):
+    """One client connection: requests in (reader.py), answers out in order."""
 
     def __init__(self, app: HttpApp, tracker: ConnectionTracker,
                  guards: TransportGuards) -> None:
-        self.app, self.tracker = app, tracker
-        self.guards, self.limits = guards, guards.limits
-        self.max_body_bytes = guards.limits.max_request_bytes
-        self.parser = httptools.HttpRequestParser(self)
+        super().__init__(app, guards)
+        self.tracker = tracker
+        self.max_pipelined = guards.limits.max_pipelined
         self.transport: asyncio.Transport | None = None
-        self.pending: deque[_Request] = deque()
+        self.timer: ConnectionTimer | None = None
+        self.pending: deque[Request | Refusal] = deque()
         self.handler: asyncio.Task[None] | None = None
-        self.idle_timer: asyncio.TimerHandle | None = None
-        self.closing = False
-        self.discarding = False
-        self._reset_message()
-
-    def _reset_message(self) -> None:
-        self.url = b""
-        self.headers: RawHeaders = []
-        self.body: list[bytes] = []
-        self.body_bytes = 0
+        self.drained: asyncio.Future[None] | None = None
+        self.closing = False  # shutdown: finish the request in hand, then close
+        self.peer_done = False  # the client half-closed: answer what it sent, then close
+        self.reading_paused = self.write_paused = False
+        self.write_paused_at = self.linger_until = 0.0
+        self.idle_since = self.last_read
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = transport = cast(asyncio.Transport, transport)
+        if not self.guards.gate.admit(self):
+            transport.write(_FULL)
+            transport.close()
+            return
         self.tracker.connections.add(self)
-        self._arm_idle_timer()
+        transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes)
+        period = min(self.limits.header_timeout_s, self.limits.body_timeout_s,
+                     self.limits.keepalive_timeout_s)
+        self.timer = ConnectionTimer(self.loop, period, self._check_deadlines)
 
     def data_received(self, data: bytes) -> None:
-        self._cancel_idle_timer()
-        if self.discarding or self.transport is None:
-            return  # refused with 413: read and drop the rest the client sends
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail_connection(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            if not self.discarding:
-                self._fail_connection(400, f"malformed HTTP request: {exc}")
+        self.last_read = self.loop.time()
+        self._receive(data)
+        if self.reading_paused or len(self.pending) >= self.max_pipelined:
+            self._update_reading()
+
+    def eof_received(self) -> bool | None:
+        if self.pending or self.handler is not None:
+            self.peer_done = True  # answer what it sent, then close
+            return True
+        return None
+
+    def pause_writing(self) -> None:
+        self.write_paused, self.write_paused_at = True, self.loop.time()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._update_reading()
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.guards.gate.release(self)
         self.tracker.connections.discard(self)
-        self._cancel_idle_timer()
-        self.pending.clear()
+        if self.timer is not None:
+            self.timer.stop()
+        if self.reserved_total:
+            self.guards.budget.release(self.reserved_total)
         if self.handler is not None and not self.handler.done():
             self.handler.cancel()  # the client is gone: drop its queued work
-
-    # httptools callbacks ---------------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
+        # Break every cycle now (parser <-> callbacks, timer, task): freed without a GC pass.
+        self.reserved_total = 0
+        self.parser = self.transport = self.timer = self.drained = self.unparsed = None
+        self.pending.clear()
         self._reset_message()
 
-    def on_url(self, url: bytes) -> None:
-        self.url += url
+    # the reader's hooks ----------------------------------------------------------------------
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        self.headers.append((name, value))
-        if name == b"expect" and value.lower() == b"100-continue" and self.transport:
-            self.transport.write(_CONTINUE)
-
-    def on_headers_complete(self) -> None:
-        for name, value in self.headers:
-            if name == b"content-length" and value.strip().isdigit():
-                self._check_body_size(int(value))
-
-    def on_body(self, body: bytes) -> None:
-        self.body_bytes += len(body)
-        self._check_body_size(self.body_bytes)
-        self.body.append(body)
-
-    def _check_body_size(self, size_bytes: int) -> None:
-        """413 and close before reading more than --max-request-mb (chunked bodies included)."""
-        if size_bytes <= self.max_body_bytes or self.transport is None:
-            return
-        message = (f"request body of {size_bytes} bytes is larger than this server's limit of "
-                   f"{self.max_body_bytes} bytes (--max-request-mb)")
-        self._write((413, error_body(message), list(JSON_HEADERS)), keep_alive=False)
-        # Lingering close: a client still sending would get a reset, not the 413, if we
-        # closed with its data unread; stop writing, drop what arrives, close soon.
-        self.discarding = True
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        asyncio.get_running_loop().call_later(_LINGER_S, self.transport.close)
-        raise httptools.HttpParserError("body too large")
-
-    def on_message_complete(self) -> None:
-        url = httptools.parse_url(self.url)
-        path = unquote(url.path.decode("latin-1"))
-        request = _Request(
-            self.parser.get_method().decode("ascii"), path, self.headers,
-            b"".join(self.body), self.parser.should_keep_alive(),
-            url.query.decode("latin-1") if url.query else "",
-        )
-        self.pending.append(request)
+    def _enqueue(self, item: Request | Refusal) -> None:
+        self.pending.append(item)
         if self.handler is None:
-            self.handler = asyncio.get_running_loop().create_task(self._serve_pending())
+            self.handler = self.loop.create_task(self._serve_pending())
+        if self.reading_paused and isinstance(item, Refusal):
+            self._update_reading()  # read and drop what the client still sends
+
+    def _answering(self) -> bool:
+        return bool(self.pending) or self.handler is not None
+
+    def _last_queued(self) -> Request | Refusal | None:
+        return self.pending[-1] if self.pending else None
+
+    def _send_continue(self) -> None:
+        if self.transport is not None:
+            self.transport.write(CONTINUE)
+
+    def _read_ahead_full(self) -> bool:
+        return len(self.pending) >= self.max_pipelined
+
+    # flow ------------------------------------------------------------------------------------
+
+    def _update_reading(self) -> None:
+        """Read only while the client reads its answers and is not too far ahead of them:
+        pause at --max-pipelined waiting requests, go on at half (what was read and kept back
+        is parsed first, without touching the socket)."""
+        transport = self.transport
+        if transport is None:
+            return
+        if not self.reading_paused:
+            if self.write_paused or (self._read_ahead_full() and not self.refused):
+                self.reading_paused = True
+                transport.pause_reading()
+            return
+        if self.write_paused or (len(self.pending) > self.max_pipelined // 2
+                                 and not self.refused):
+            return
+        if self.unparsed is not None:
+            self._resume_parsing()
+            if self._read_ahead_full() and not self.refused:
+                return  # still far enough ahead
+        self.reading_paused = False
+        transport.resume_reading()
+        self.last_read = self.loop.time()  # its clocks start again: it could not send
+        if self.in_headers:
+            self.header_started = self.last_read
+
+    # timeouts --------------------------------------------------------------------------------
+
+    def _check_deadlines(self, now: float) -> float | None:
+        """The connection timer's question: act on what has expired, say what expires next."""
+        transport, limits = self.transport, self.limits
+        if transport is None:
+            return None
+        if self.linger_until:
+            if now < self.linger_until:
+                return self.linger_until
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
+            return None
+        if self.write_paused:
+            deadline = self.write_paused_at + limits.body_timeout_s
+            if now < deadline:
+                return deadline
+            self.guards.abuse.closed("write stall", "an HTTP/1.1 client read none of its "
+                                     f"answers for {limits.body_timeout_s:g} s (--body-timeout-s)")
+            transport.abort()
+            return None
+        if self.refused or self.reading_paused or self.pending or self.handler is not None:
+            return math.inf  # answering: the application has its own deadlines
+        if self.in_headers:
+            deadline = self.header_started + limits.header_timeout_s
+            if now >= deadline:
+                if not self.started and not self.stalled:
+                    transport.close()  # not a byte of a request: just close
+                    return None
+                self._refuse(refusal(408, "request headers not received within "
+                                          f"{limits.header_timeout_s:g} s (--header-timeout-s)",
+                                     linger=False), "header timeout")
+                return math.inf
+            return deadline
+        if self.in_body:
+            deadline = self.last_read + limits.body_timeout_s
+            if now >= deadline:
+                self._refuse(refusal(408, "request body paused for more than "
+                                          f"{limits.body_timeout_s:g} s (--body-timeout-s)",
+                                     linger=False), "body timeout")
+                return math.inf
+            return deadline
+        deadline = max(self.idle_since, self.last_read) + limits.keepalive_timeout_s
+        if now < deadline:
+            return deadline
+        transport.close()
+        return None
 
     # answering -------------------------------------------------------------------------------
 
     async def _serve_pending(self) -> None:
+        served = 0
         try:
             while self.pending and self.transport is not None:
-                request = self.pending.popleft()
-                reply = await self.app.handle(request.method, request.path, request.headers,
-                                              request.body, request.query)
-                self._write(reply, request.keep_alive and not self.closing,
-                            head=request.method == "HEAD")
-                if not request.keep_alive or self.closing:
+                item = self.pending.popleft()
+                if self.reading_paused:
+                    self._update_reading()
+                if isinstance(item, Refusal):
+                    self._send_refusal(item)
+                    return
+                reply = await self.app.handle(item.method, item.path, item.headers,
+                                              item.body, item.query)
+                if self.transport is None:
+                    return
+                keep_alive = item.keep_alive and not self.closing
+                self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD"))
+                self._release(item.reserved)
+                if not keep_alive:
                     self.transport.close()
                     return
+                served += 1
+                if self.write_paused:
+                    self.drained = self.loop.create_future()
+                    await self.drained
+                    self.drained = None
+                elif served % self.max_pipelined == 0:
+                    await asyncio.sleep(0)  # a long pipeline must not starve other clients
+            if self.peer_done and self.transport is not None:
+                self.transport.close()
         finally:
             self.handler = None
-            self._arm_idle_timer()
+            self.idle_since = self.loop.time()
+            if self.continue_owed and not self.refused:
+                self.continue_owed = False
+                self._send_continue()
 
-    def _write(self, reply: Reply, keep_alive: bool, head: bool = False) -> None:
-        """One write; a HEAD answer has the headers a GET would, and no body."""
-        status, body, headers = reply
-        parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()]
-        parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
-        parts.append(b"content-length: %d\r\n" % len(body))
-        if not keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += [b"\r\n", b"" if head else body]
-        assert self.transport is not None
-        self.transport.write(b"".join(parts))
-
-    def _fail_connection(self, status: int, message: str) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self._write((status, error_body(message), list(JSON_HEADERS)), keep_alive=False)
-            self.transport.close()
+    def _send_refusal(self, answer: Refusal) -> None:
+        transport = self.transport
+        assert transport is not None
+        self.pending.clear()
+        transport.write(encode_reply(answer.reply, keep_alive=False))
+        if not answer.linger:
+            transport.close()
+            return
+        # Lingering close: a client still sending would get a reset, not the answer, if we
+        # closed with its data unread; stop writing, drop what arrives, close soon.
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.linger_until = self.loop.time() + _LINGER_S
+        if self.timer is not None:
+            self.timer.fire_by(self.linger_until)
 
     # lifecycle -------------------------------------------------------------------------------
+
+    def is_idle(self) -> bool:
+        """No request in hand: idle keep-alive, still sending a request's headers, or stalled
+        in a body (nothing for _STALLED_BODY_S: a slow-POST attacker must not hold the room)."""
+        if self.pending or self.handler is not None:
+            return False
+        return not self.in_body or self.loop.time() - self.last_read >= _STALLED_BODY_S
+
+    def evict(self) -> None:
+        """The connection gate needs the room: close now."""
+        if self.transport is not None:
+            self.transport.abort()
 
     def close_when_idle(self) -> None:
         """Finish the request in hand (if any), then close."""
@@ -199,14 +302,3 @@ class HttpProtocol(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
-
-    def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        if self.transport is not None and not self.transport.is_closing():
-            loop = asyncio.get_running_loop()
-            self.idle_timer = loop.call_later(IDLE_TIMEOUT_S, self.close_when_idle)
-
-    def _cancel_idle_timer(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
