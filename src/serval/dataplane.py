@@ -246,6 +246,9 @@ class DataPlane:
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
+    if not isinstance(value, str):
+        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings, "
+                           "or that object as JSON text")
     return json_object(value, "parameter 'config'", "a JSON object of config.yaml settings")
 
 

@@ -205,6 +205,22 @@ def test_a_model_name_with_a_slash_over_grpc_is_a_400(
     assert_clean(server)
 
 
+def test_an_invalid_config_override_on_load_is_the_clients_400(server: RunningServer) -> None:
+    for parameters, expected in (
+            ({"config": {"max_batch_size": "many"}},
+             "parameter 'config' is not valid for model 'linear': field 'max_batch_size'"),
+            ({"config": '{"max_batch_size": "many"}'}, "field 'max_batch_size'"),
+            ({"config": 5}, "parameter 'config' must be a JSON object of config.yaml settings"),
+            ({"config": "[1]"}, "parameter 'config' must be a JSON object")):
+        reply = post(server, "/v2/repository/models/linear/load",
+                     orjson.dumps({"parameters": parameters}))
+        assert reply.status == 400, (parameters, reply.body)
+        assert expected in reply.error
+        assert "/tmp" not in reply.error
+    assert post(server, "/v2/models/linear/infer", infer_doc([1, 8], X8)).status == 200
+    assert_clean(server)
+
+
 # last: a real engine failure logs its traceback (as it should), which the tests above check
 # is absent for client errors
 def test_a_real_engine_failure_stays_500_with_generic_text(server: RunningServer) -> None:

@@ -113,6 +113,7 @@ class ModelRegistry:
         if directory is None:
             raise ModelNotFound(f"no model '{name}' in the repository")
         if override is not None:
+            self._check_override(directory, override)
             self._overrides[name] = override
         retired = self._track(directory)
         if not self._selected[name]:
@@ -124,6 +125,19 @@ class ModelRegistry:
             raise ModelNotReady(f"model '{name}' failed to load: {'; '.join(failures)}")
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
+
+    def _check_override(self, directory: ModelDirectory, override: dict[str, object]) -> None:
+        """InvalidInput when the client's override, not the model's own config, is invalid."""
+        try:
+            directory.config()
+        except ConfigError:
+            return  # the folder's own config is broken: the load reports it (503)
+        try:
+            directory.config(override)
+        except ConfigError as exc:
+            detail = self.public_reason(str(exc)).split(": ", 1)[-1]
+            raise InvalidInput(f"parameter 'config' is not valid for model '{directory.name}': "
+                               f"{detail}") from None
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of a model once its in-flight requests finish."""
