@@ -167,6 +167,7 @@ def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_problem(
     assert "idx=-17" in str(error.details())
     good = post(server, "/v2/models/embed/infer", infer_doc([1, 2], [3, 15], "ids", "INT64"))
     assert good.status == 200
+    assert "[E:onnxruntime" not in server.log()  # no ERROR line per bad request
     assert_clean(server)
 
 
