@@ -19,9 +19,11 @@ INTERNAL_ERROR), a broken connection, a crash or a traceback in the server log.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -101,8 +103,10 @@ def _report(raw: Tally, raw_s: float, schema: SchemaTally, schema_s: float,
         print(f"  check failed: {where}: {failure[:200]}")
     for method, code, details in grpc_tally.server_errors[:5]:
         print(f"  gRPC {code}: {method}: {details[:160]}")
-    for case_seed, outcome in h2_tally.server_errors[:5]:
-        print(f"  HTTP/2 case {case_seed}: {outcome}")
+    kinds = Counter(re.sub(r"\(request id \w+", "(request id …", outcome)
+                    for _, outcome in h2_tally.server_errors)
+    for outcome, count in kinds.most_common():
+        print(f"  HTTP/2 fault x{count}: {outcome}")
     tracebacks = log.read_text(errors="replace").count("Traceback")
     print(f"total {total} cases (REST {raw.total + schema_cases}, gRPC {grpc_tally.total}, "
           f"HTTP/2 {h2_tally.cases}); 5xx {five_xx}; broken connections {len(raw.broken)}; "
