@@ -33,6 +33,7 @@ class FuzzRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
 
 @dataclass
@@ -183,6 +184,7 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
         f"/v2/repository/models/{model}/{action}", "/v2/repository/index", "/v2",
         "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/metrics",
         "/v2/openapi.json", "/", "/v2/models", "/v2//models//", "/v2/models/%00",
+        "/status", "/status/models", f"/status/models/{model}", "/status/nope",
     ]))
     if draw(st.integers(0, 9)) == 0:
         path = "/" + draw(st.text(st.characters(min_codepoint=33, max_codepoint=126,
@@ -211,7 +213,16 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
     if draw(st.integers(0, 7)) == 0:
         headers["Authorization"] = draw(st.sampled_from(["Bearer", "Bearer x", "Basic a",
                                                          "Bearer " + "a" * 500]))
-    return FuzzRequest(method, path, headers, request.body)
+    query = ""
+    if draw(st.integers(0, 3)) == 0:
+        query = draw(st.sampled_from(QUERIES) | st.text(st.characters(
+            min_codepoint=33, max_codepoint=0x2FF, exclude_characters="#"), max_size=30))
+    return FuzzRequest(method, path, headers, request.body, query)
+
+
+QUERIES = ["sort=name&order=desc", "page=-1", "page=99999999999999999999", "limit=0",
+           "state=READY", "state=%FF%FE", "a=1&a=2", "%zz", "sort=", "=", "&&&", "page=1.5",
+           "limit=1e9", "q=" + "x" * 3000, "order=\u00e9"]
 
 
 def _encoded(draw: st.DrawFn, request: FuzzRequest, broken: bool = False) -> FuzzRequest:
@@ -229,8 +240,10 @@ def _encoded(draw: st.DrawFn, request: FuzzRequest, broken: bool = False) -> Fuz
 
 
 def send(connection: http.client.HTTPConnection, request: FuzzRequest) -> tuple[int, bytes]:
-    connection.request(request.method, quote(request.path, safe="/%"), body=request.body,
-                       headers=request.headers)
+    url = quote(request.path, safe="/%")
+    if request.query:
+        url += "?" + quote(request.query, safe="=&%")
+    connection.request(request.method, url, body=request.body, headers=request.headers)
     response = connection.getresponse()
     return response.status, response.read()
 
