@@ -129,3 +129,21 @@ def heavy(repository: Path, name: str = "heavy", layers: int = 6, width: int = 3
 def slow(repository: Path, name: str = "slow") -> Path:
     """~0.1-0.5 s at batch 128 from a ~4 MB file: holds the engine busy in deadline tests."""
     return heavy(repository, name, layers=60, width=1024, shared_weight=True)
+
+
+def embedding(repository: Path, name: str = "embed", vocabulary: int = 16, width: int = 4,
+              config: str = "max_batch_size: 8\n") -> Path:
+    """Token ids INT64 [B,seq] -> their rows of a [vocabulary,width] table (Gather), mean over seq.
+
+    An id outside [-vocabulary, vocabulary) makes ONNX Runtime's Gather fail: the client's fault.
+    """
+    table = np.arange(vocabulary * width, dtype=np.float32).reshape(vocabulary, width)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+         helper.make_node("ReduceMean", ["rows"], ["embedding"], axes=[1], keepdims=0)],
+        name,
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
+        initializer=[numpy_helper.from_array(table, "table")],
+    )
+    return _save(graph, repository, name, config)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import http.client
+import struct
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class FuzzRequest:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
 
 @dataclass
@@ -61,10 +63,11 @@ def _json_values() -> st.SearchStrategy[Any]:
 
 @st.composite
 def _tensor(draw: st.DrawFn, names: list[str]) -> dict[str, Any]:
-    shape = draw(st.lists(st.integers(-2, 40), min_size=0, max_size=4))
+    shape = draw(st.lists(st.integers(-2, 40), min_size=0, max_size=4)) if draw(
+        st.integers(0, 9)) else draw(st.sampled_from(HOSTILE_SHAPES))
     size = 1
     for dim in shape:
-        size *= max(dim, 0)
+        size = min(size * max(dim, 0), 10_000)
     datatype = draw(st.sampled_from(DATATYPES))
     element = draw(st.sampled_from([st.floats(allow_nan=False, width=32), st.integers(-300, 300),
                                     st.booleans(), st.text(max_size=5)]))
@@ -116,12 +119,62 @@ def _dumpable(doc: Any) -> bool:
     return True
 
 
+# Shapes no tensor may have: too many dims, a dim past int64, spans that overflow, negatives.
+HOSTILE_SHAPES = [[1] * 65, [1] * 200, [0, 2**63], [2**64 - 1], [0, 2**40, 2**40],
+                  [2**31, 2**31, 2**31], [-(2**63)], [0, -1], [2**63 - 1, 0]]
+HOSTILE_HEADER_VALUES = ["\xff\xfe", "1\x80", "inf", "nan", "1e308", "-inf", "1e400", "0x10",
+                         " 12 ", "1_0", "+5", "\u00e9"]
+
+
+@st.composite
+def model_request(draw: st.DrawFn) -> tuple[str, bytes, dict[str, str]]:
+    """A request aimed at a served model, well formed but for its values: token ids outside
+    embed's vocabulary (16), hostile shapes, odd floats; JSON or binary tensors."""
+    kind = draw(st.sampled_from(["embed", "embed", "linear", "shape"]))
+    if kind == "embed":
+        rows, width = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+        values = draw(st.lists(st.integers(-40, 40), min_size=rows * width,
+                               max_size=rows * width))
+        name, datatype, shape, model = "ids", "INT64", [rows, width], "embed"
+        raw = b"".join(v.to_bytes(8, "little", signed=True) for v in values)
+    elif kind == "linear":
+        rows = draw(st.integers(1, 3))
+        values = draw(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False),
+                               min_size=rows * 8, max_size=rows * 8))
+        name, datatype, shape, model = "x", "FP32", [rows, 8], "linear"
+        raw = b"".join(struct.pack("<f", v) for v in values)
+    else:
+        shape = draw(st.sampled_from(HOSTILE_SHAPES))
+        name, datatype, model = draw(st.sampled_from([("x", "FP32", "linear"),
+                                                       ("ids", "INT64", "embed")]))
+        values, raw = [], b""
+    tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": shape}
+    headers: dict[str, str] = {}
+    if draw(st.booleans()):
+        tensor["data"] = values
+        body = orjson.dumps({"inputs": [tensor]})
+    else:
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+        header = orjson.dumps({"inputs": [tensor]})
+        headers["Inference-Header-Content-Length"] = str(len(header))
+        body = header + raw
+    return f"/v2/models/{model}/infer", body, headers
+
+
 @st.composite
 def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
                  valid: list[FuzzRequest]) -> FuzzRequest:
     """Any request: real and odd routes, every method, valid-ish and garbage bodies."""
     if valid and draw(st.integers(0, 4)) == 0:
         return _encoded(draw, draw(st.sampled_from(valid)))
+    if draw(st.integers(0, 4)) == 0:
+        path, body, headers = draw(model_request())
+        request = _encoded(draw, FuzzRequest("POST", path, headers, body))
+        if draw(st.integers(0, 3)) == 0:
+            header = draw(st.sampled_from(["Serval-Timeout-Ms", "Content-Encoding",
+                                           "Inference-Header-Content-Length"]))
+            request.headers[header] = draw(st.sampled_from(HOSTILE_HEADER_VALUES))
+        return request
     model = draw(st.sampled_from(models + ODD_NAMES))
     version = draw(st.sampled_from(["", "", "/versions/1", "/versions/0", "/versions/x"]))
     action = draw(st.sampled_from(ACTIONS))
@@ -131,6 +184,7 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
         f"/v2/repository/models/{model}/{action}", "/v2/repository/index", "/v2",
         "/v2/health/live", "/v2/health/ready", "/v2/models/stats", "/metrics",
         "/v2/openapi.json", "/", "/v2/models", "/v2//models//", "/v2/models/%00",
+        "/status", "/status/models", f"/status/models/{model}", "/status/nope",
     ]))
     if draw(st.integers(0, 9)) == 0:
         path = "/" + draw(st.text(st.characters(min_codepoint=33, max_codepoint=126,
@@ -152,11 +206,23 @@ def fuzz_request(draw: st.DrawFn, models: list[str], input_names: list[str],
     headers = request.headers
     if draw(st.integers(0, 5)) == 0:
         headers["Serval-Timeout-Ms"] = draw(st.sampled_from(["0", "-1", "abc", "1e9", "0.001",
-                                                             "50", "nan", "inf"]))
+                                                             "50", *HOSTILE_HEADER_VALUES]))
+    if draw(st.integers(0, 9)) == 0:
+        headers[draw(st.sampled_from(["Content-Encoding", "Inference-Header-Content-Length"]))] = \
+            draw(st.sampled_from(HOSTILE_HEADER_VALUES))
     if draw(st.integers(0, 7)) == 0:
         headers["Authorization"] = draw(st.sampled_from(["Bearer", "Bearer x", "Basic a",
                                                          "Bearer " + "a" * 500]))
-    return FuzzRequest(method, path, headers, request.body)
+    query = ""
+    if draw(st.integers(0, 3)) == 0:
+        query = draw(st.sampled_from(QUERIES) | st.text(st.characters(
+            min_codepoint=33, max_codepoint=0x2FF, exclude_characters="#"), max_size=30))
+    return FuzzRequest(method, path, headers, request.body, query)
+
+
+QUERIES = ["sort=name&order=desc", "page=-1", "page=99999999999999999999", "limit=0",
+           "state=READY", "state=%FF%FE", "a=1&a=2", "%zz", "sort=", "=", "&&&", "page=1.5",
+           "limit=1e9", "q=" + "x" * 3000, "order=\u00e9"]
 
 
 def _encoded(draw: st.DrawFn, request: FuzzRequest, broken: bool = False) -> FuzzRequest:
@@ -174,8 +240,10 @@ def _encoded(draw: st.DrawFn, request: FuzzRequest, broken: bool = False) -> Fuz
 
 
 def send(connection: http.client.HTTPConnection, request: FuzzRequest) -> tuple[int, bytes]:
-    connection.request(request.method, quote(request.path, safe="/%"), body=request.body,
-                       headers=request.headers)
+    url = quote(request.path, safe="/%")
+    if request.query:
+        url += "?" + quote(request.query, safe="=&%")
+    connection.request(request.method, url, body=request.body, headers=request.headers)
     response = connection.getresponse()
     return response.status, response.read()
 

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from serval import __version__
 from serval.backends.base import ModelMetadata, TensorSpec
 from serval.backends.pipeline import PipelineModel
+from serval.config import PipelineStep
 from serval.errors import (
     BackendError,
+    DeadlineExceeded,
+    EngineRejectedInput,
     InvalidInput,
+    ModelNotFound,
     ModelNotReady,
     Overloaded,
     PermissionDenied,
     ServalError,
+    ServerUnavailable,
 )
 from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import v2_datatype
@@ -23,6 +29,8 @@ from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "serval"
 EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_repository",
@@ -227,7 +235,7 @@ class DataPlane:
                 response = await self._infer_model(step.model, step.version, step_request,
                                                    started_ns, deadline_ns)
             except ServalError as exc:
-                raise _in_step(exc, name, index, step.model) from exc
+                raise _in_step(exc, pipeline, name, index, step) from exc
             finally:
                 stats.record_step(f"{index}:{step.model}", time.perf_counter_ns() - started_ns)
             for step_output, tensor in step.outputs.items():
@@ -238,15 +246,42 @@ class DataPlane:
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None or isinstance(value, dict):
         return value
+    if not isinstance(value, str):
+        raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings, "
+                           "or that object as JSON text")
     return json_object(value, "parameter 'config'", "a JSON object of config.yaml settings")
 
 
-def _in_step(exc: ServalError, pipeline: str, index: int, model: str) -> ServalError:
-    """The same kind of error, its message prefixed with the failing step."""
-    where = f"pipeline '{pipeline}' step {index} ('{model}')"
-    error = type(exc)(f"{where}: {exc.message}")
-    if isinstance(error, BackendError):
-        error.public_message = f"{where} failed to run the request"
+def _in_step(exc: ServalError, pipeline: PipelineModel, name: str, index: int,
+             step: PipelineStep) -> ServalError:
+    """What the client may learn of a step's failure: the pipeline's name and, for an input
+    error, which of its own inputs was wrong; never the steps or why they failed inside."""
+    where = f"pipeline '{name}' step {index} ('{step.model}')"
+    log.info("pipeline step failed", extra={"model": name, "step": where,
+                                            "reason": exc.message})
+    own = {spec.name for spec in pipeline.metadata.inputs}
+    fed = {step_input: tensor for step_input, tensor in step.inputs.items() if tensor in own}
+    if isinstance(exc, EngineRejectedInput):
+        inputs = ", ".join(f"'{tensor}'" for tensor in sorted(set(fed.values())))
+        what = f"input {inputs}" if inputs else "the request's inputs"
+        return InvalidInput(f"pipeline '{name}' cannot compute on the values of {what}: "
+                            f"{exc.detail}")
+    if isinstance(exc, InvalidInput):
+        for step_input, tensor in fed.items():
+            prefix = f"input '{step_input}':"
+            if exc.message.startswith(prefix):
+                return InvalidInput(f"pipeline '{name}': input '{tensor}':"
+                                    f"{exc.message[len(prefix):]}")
+        exc = BackendError(exc.message)  # the pipeline's wiring, not the client's input
+    if isinstance(exc, Overloaded):
+        return Overloaded(f"pipeline '{name}' is overloaded; retry shortly", exc.retry_after_s)
+    if isinstance(exc, DeadlineExceeded):
+        return DeadlineExceeded(f"the request's deadline passed while pipeline '{name}' ran it")
+    if isinstance(exc, ModelNotFound | ModelNotReady | ServerUnavailable):
+        return ModelNotReady(f"pipeline '{name}' cannot serve now: one of its models is not "
+                             "ready")
+    error = BackendError(f"{where}: {exc.message}")
+    error.public_message = f"pipeline '{name}' failed to run the request"
     return error
 
 

@@ -35,6 +35,17 @@ class InvalidInput(ServalError):
     code = ErrorCode.INVALID_INPUT
 
 
+class EngineRejectedInput(InvalidInput):
+    """The engine refused the input values (e.g. a token id outside the vocabulary): HTTP 400.
+
+    `detail` is the engine's own account of the problem, free of node and file names.
+    """
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
 class ModelNotFound(ServalError):
     """No such model or version in the repository (HTTP 404)."""
 

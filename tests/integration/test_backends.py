@@ -170,11 +170,13 @@ def test_pipeline_runs_its_steps(with_pipelines: RunningServer) -> None:
     assert 'serval_pipeline_step_duration_seconds_total{model="chain",step="2:pyscale"' in metrics
 
 
-def test_pipeline_errors_name_the_step(with_pipelines: RunningServer) -> None:
+def test_pipeline_errors_name_the_pipeline_and_the_log_the_step(
+        with_pipelines: RunningServer) -> None:
     reply = infer(with_pipelines.url, "broken_chain", {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
-    assert reply.status == 404
-    assert "pipeline 'broken_chain' step 2 ('missing')" in reply.error
+    assert reply.status == 503  # the pipeline exists; a model it needs does not
+    assert reply.error == "pipeline 'broken_chain' cannot serve now: one of its models is not ready"
+    assert "pipeline 'broken_chain' step 2 ('missing')" in with_pipelines.log()
     miswired = call(with_pipelines.url, "GET", "/v2/models/miswired/ready")
     assert miswired.status == 503
     assert "reads ['nope']" in infer(with_pipelines.url, "miswired", {"inputs": [

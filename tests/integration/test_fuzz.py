@@ -19,8 +19,8 @@ from tests.integration.http_helpers import call
 from tests.rest_fuzz import FuzzRequest, run_fuzz, run_schemathesis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-MODELS = ["linear", "add_sub"]
-INPUT_NAMES = ["x", "INPUT0", "INPUT1", "nope"]
+MODELS = ["linear", "add_sub", "embed"]
+INPUT_NAMES = ["x", "INPUT0", "INPUT1", "ids", "nope"]
 CASES_PER_OPERATION = 15  # per operation and mode (valid, invalid); small ones exhaust sooner
 
 
@@ -30,6 +30,7 @@ def fuzz_server(server_factory: Callable[..., RunningServer],
     root = tmp_path_factory.mktemp("fuzz")
     fixture_models.linear(root)
     fixture_models.add_sub(root)
+    fixture_models.embedding(root)
     return server_factory(root)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from serval.backends.base import (
     resolve_max_batch_size,
 )
 from serval.config import ModelConfig, OnnxRuntimeConfig
-from serval.errors import ConfigError
+from serval.errors import ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import from_onnx_type
 from serval.protocol.types import TensorDict
 
@@ -76,6 +77,7 @@ class OnnxModel:
             self._free.put(session)
         self._output_names = [spec.name for spec in metadata.outputs]
         self._string_inputs = {s.name for s in metadata.inputs if s.datatype == "BYTES"}
+        self._run_options = quiet_run_options()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -86,7 +88,11 @@ class OnnxModel:
                 for name, array in inputs.items()}
         session = self._free.get()
         try:
-            results = session.run(self._output_names, feed)
+            results = session.run(self._output_names, feed, self._run_options)
+        except Exception as exc:
+            if type(exc).__name__ == "InvalidArgument":  # ORT's INVALID_ARGUMENT status
+                raise rejected_input(str(exc)) from exc
+            raise  # a real engine failure: the batcher answers 500, the log keeps the cause
         finally:
             self._free.put(session)
         return dict(zip(self._output_names, results, strict=True))
@@ -97,6 +103,38 @@ class OnnxModel:
     def unload(self) -> None:
         while not self._free.empty():
             self._free.get_nowait()
+
+
+def quiet_run_options() -> Any:
+    """Runs whose failures ONNX Runtime does not print itself: a client sending bad token ids
+    would otherwise write an ERROR line per request to stderr. Serval logs real failures (with
+    the same engine message) and answers input errors with 400."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # FATAL only
+    return options
+
+
+_OP = re.compile(r"running (\w+) node")
+_STATUS = re.compile(r"Status Message: (.*)", re.DOTALL)
+_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+def rejected_input(engine_message: str) -> EngineRejectedInput:
+    """ONNX Runtime's INVALID_ARGUMENT, which input values cause (an index out of range, a
+    shape an op cannot take), as a 400 naming the problem; node names and paths left out."""
+    op = _OP.search(engine_message)
+    status = _STATUS.search(engine_message)
+    detail = (status.group(1) if status else _PREFIX.sub("", engine_message)).strip()
+    detail = detail.split("\n", 1)[0].replace(" Please fix either the inputs/outputs or the "
+                                               "model.", "")[:300]
+    where = f" ({op.group(1)})" if op else ""
+    message = f"the model cannot compute on these input values{where}: {detail}"
+    if op and op.group(1) == "Gather" and "out of data bounds" in detail:
+        message += "; token ids and other indices must lie within the model's table " \
+                   "(e.g. its vocabulary)"
+    return EngineRejectedInput(message, detail)
 
 
 def session_options(config: OnnxRuntimeConfig, intra_threads: int) -> Any:

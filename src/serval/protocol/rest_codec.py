@@ -11,6 +11,7 @@ import orjson
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import as_text, tensor_from_raw, tensor_to_raw
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
+from serval.protocol.shapes import check_shape
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
@@ -158,11 +159,17 @@ def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray]:
 
 
 def _decode_shape(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(type(d) is int and d >= 0 for d in raw):
+    if not isinstance(raw, list):
         raise InvalidInput(
-            f"input '{name}': 'shape' must be a list of non-negative integers, got {raw!r}"
+            f"input '{name}': 'shape' must be a list of non-negative integers, "
+            f"got {_short_repr(raw)}"
         )
-    return tuple(raw)
+    return check_shape(raw, name)
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _binary_input(
@@ -207,7 +214,7 @@ def _numbers_from_json(data: list[Any], name: str, datatype: str, dtype: np.dtyp
     if parsed.size and parsed.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
         raise InvalidInput(
             f"input '{name}': {datatype} data must be {_EXPECTED_WORDS[dtype.kind]}, "
-            f"got {_first_scalar(data)!r}" + _first_offender(parsed, dtype.kind)
+            f"got {_short_repr(_first_scalar(data))}" + _first_offender(parsed, dtype.kind)
         )
     if dtype.kind in "iu" and parsed.size:
         limits = np.iinfo(dtype)
@@ -223,7 +230,8 @@ def _uint64_from_json(data: list[Any], name: str) -> np.ndarray:
     for value in _flatten(data):
         if type(value) is not int or not 0 <= value < 2**64:
             raise InvalidInput(
-                f"input '{name}': UINT64 data must be integers in [0, 2**64), got {value!r}"
+                f"input '{name}': UINT64 data must be integers in [0, 2**64), "
+                f"got {_short_repr(value)}"
             )
     return np.array(data, dtype=np.uint64)
 
@@ -232,7 +240,7 @@ def _first_offender(parsed: np.ndarray, target_kind: str) -> str:
     accepted = _ACCEPTED_KINDS[target_kind]
     for value in parsed.ravel().tolist():
         if np.asarray(value).dtype.kind not in accepted:
-            return f" (first bad value {value!r})"
+            return f" (first bad value {_short_repr(value)})"
     return ""
 
 
@@ -243,7 +251,8 @@ def _bytes_from_json(data: list[Any], name: str) -> np.ndarray:
         if isinstance(element, str):
             array[index] = element.encode("utf-8")
         else:
-            raise InvalidInput(f"input '{name}': BYTES data must be strings, got {element!r}")
+            raise InvalidInput(
+                f"input '{name}': BYTES data must be strings, got {_short_repr(element)}")
     return array
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from serval.backends.base import Backend
 from serval.backends.isolated import IsolatedBackend
 from serval.backends.pipeline import PipelineModel
 from serval.batching.batcher import Batcher
-from serval.errors import ConfigError, ModelNotFound, ModelNotReady
+from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from serval.observability.stats import Histogram, ModelStats
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
@@ -33,6 +34,28 @@ log = logging.getLogger(__name__)
 ModelControl = Literal["all", "lazy", "explicit"]
 LOAD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                   30.0, 60.0)
+
+
+MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
+
+
+def _last_name(match: re.Match[str]) -> str:
+    return match.group(0).rstrip("/").rsplit("/", 1)[-1] or "/"
+
+
+def check_requested_name(name: str) -> None:
+    """InvalidInput for a name no model folder can have (too long, NUL, a path separator)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput("a model name must be valid Unicode text (no lone surrogates)") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidInput(f"model name of {size} bytes is too long; a model name has at most "
+                           f"{MAX_NAME_BYTES} bytes (it is a folder name)")
+    if "\x00" in name or "/" in name or "\\" in name:
+        raise InvalidInput(f"model name {name!r} may not contain '/', '\\' or NUL; it is one "
+                           "folder name in the repository")
 
 
 class ModelRegistry:
@@ -85,10 +108,12 @@ class ModelRegistry:
         Raises ModelNotFound for a folder that is not there, ModelNotReady when a selected
         version fails to load; then nothing is retired and the serving versions keep serving.
         """
+        check_requested_name(name)
         directory = scan_model(self.root, name)
         if directory is None:
-            raise ModelNotFound(f"no model '{name}' in the repository {self.root}")
+            raise ModelNotFound(f"no model '{name}' in the repository")
         if override is not None:
+            self._check_override(directory, override)
             self._overrides[name] = override
         retired = self._track(directory)
         if not self._selected[name]:
@@ -100,6 +125,19 @@ class ModelRegistry:
             raise ModelNotReady(f"model '{name}' failed to load: {'; '.join(failures)}")
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
+
+    def _check_override(self, directory: ModelDirectory, override: dict[str, object]) -> None:
+        """InvalidInput when the client's override, not the model's own config, is invalid."""
+        try:
+            directory.config()
+        except ConfigError:
+            return  # the folder's own config is broken: the load reports it (503)
+        try:
+            directory.config(override)
+        except ConfigError as exc:
+            detail = self.public_reason(str(exc)).split(": ", 1)[-1]
+            raise InvalidInput(f"parameter 'config' is not valid for model '{directory.name}': "
+                               f"{detail}") from None
 
     async def unload(self, name: str) -> None:
         """Stop serving every version of a model once its in-flight requests finish."""
@@ -115,6 +153,12 @@ class ModelRegistry:
             {"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason}
             for s in self.all_models()
         ]
+
+    def public_reason(self, reason: str) -> str:
+        """A failure reason as clients may see it: paths inside the repository relative to it,
+        any other filesystem path reduced to its last name (the log keeps the full reason)."""
+        root = str(self.root).rstrip("/") + "/"
+        return _ABSOLUTE_PATH.sub(_last_name, reason.replace(root, ""))
 
     # request path ----------------------------------------------------------------------------
 
@@ -190,9 +234,11 @@ class ModelRegistry:
             pinned = serving_version(directory.path)
             selected = (pinned,) if pinned in directory.versions else policy.select(
                 directory.versions)
-            problem = "" if directory.versions else f"{directory.path} has no version folder"
+            problem = "" if directory.versions else (
+                "the model folder has no version folder (e.g. 1/)")
         except ConfigError as exc:
-            selected, problem = directory.versions[-1:], str(exc)
+            selected, problem = directory.versions[-1:], self.public_reason(str(exc))
+            log.warning("model config is invalid", extra={"model": name, "reason": str(exc)})
         self._selected[name] = selected
         for version in selected or (("1",) if problem else ()):
             served = versions.get(version)
@@ -243,8 +289,9 @@ class ModelRegistry:
                 self.load_seconds.observe((time.perf_counter_ns() - started_ns) * 1e-9)
         except ModelNotReady as exc:  # no room right now: transient, stays loadable
             served.state, served.reason = previous, exc.message
-        except Exception as exc:
-            served.state, served.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
+        except Exception as exc:  # clients see the reason without the repository's path
+            served.state = ModelState.UNAVAILABLE
+            served.reason = f"load failed: {self.public_reason(str(exc))}"
             served.auto_load = False  # a broken version waits for an explicit load
             log.error("model failed to load", extra={"model": served.name,
                                                      "version": served.version,

@@ -10,6 +10,7 @@ import numpy as np
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
+from serval.protocol.shapes import check_shape
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.server.grpc.proto import grpc_service_pb2 as pb
 
@@ -61,9 +62,7 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
 def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
     name, datatype = tensor.name, tensor.datatype
     dtype = numpy_dtype(datatype)
-    shape = tuple(tensor.shape)
-    if any(dim < 0 for dim in shape):
-        raise InvalidInput(f"input '{name}': shape {list(shape)} has a negative dimension")
+    shape = check_shape(list(tensor.shape), name)
     if raw is not None:
         return tensor_from_raw(raw, 0, len(raw), datatype, shape, name, "raw_input_contents has")
     field = CONTENTS_FIELD.get(datatype)

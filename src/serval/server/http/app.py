@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from typing import Any
@@ -215,6 +216,10 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     return {**doc, **parameters}
 
 
+MAX_TIMEOUT_MS = 86_400_000.0  # one day: a longer Serval-Timeout-Ms is a client mistake
+_SHOWN_HEADER_BYTES = 64  # how much of a bad header value an error message quotes
+
+
 def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None]:
     """Inference-Header-Content-Length, Content-Encoding and Serval-Timeout-Ms."""
     header_length: int | None = None
@@ -222,12 +227,7 @@ def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None
     timeout_ms: float | None = None
     for key, value in headers:
         if key == b"inference-header-content-length":
-            try:
-                header_length = int(value)
-            except ValueError:
-                raise InvalidInput(
-                    f"Inference-Header-Content-Length must be an integer, got {value.decode()!r}"
-                ) from None
+            header_length = _header_length(value)
         elif key == b"content-encoding":
             encoding = value.strip().lower()
         elif key == b"serval-timeout-ms":
@@ -235,13 +235,32 @@ def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None
     return header_length, encoding, timeout_ms
 
 
+def _shown(value: bytes) -> str:
+    """A client's header value for an error message: never raises, never long."""
+    text = value[:_SHOWN_HEADER_BYTES].decode("utf-8", errors="backslashreplace")
+    return f"'{text}{'...' if len(value) > _SHOWN_HEADER_BYTES else ''}'"
+
+
+def _header_length(value: bytes) -> int:
+    stripped = value.strip()
+    if not stripped.isdigit() or len(stripped) > 19:  # ASCII digits only, int64 at most
+        raise InvalidInput(
+            "Inference-Header-Content-Length must be a non-negative integer (the JSON "
+            f"header's size in bytes), got {_shown(value)}"
+        )
+    return int(stripped)
+
+
 def _timeout_ms(value: bytes) -> float:
     try:
-        timeout_ms = float(value)
-    except ValueError:
-        timeout_ms = -1.0
-    if not timeout_ms > 0:
-        raise InvalidInput(f"Serval-Timeout-Ms must be a positive number, got {value.decode()!r}")
+        timeout_ms = float(value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        timeout_ms = math.nan
+    if not 0 < timeout_ms <= MAX_TIMEOUT_MS:  # NaN and inf fail here too
+        raise InvalidInput(
+            "Serval-Timeout-Ms must be a positive number of milliseconds, at most "
+            f"{MAX_TIMEOUT_MS:.0f} (one day), got {_shown(value)}"
+        )
     return timeout_ms
 
 
@@ -249,24 +268,25 @@ def _decompress(body: bytes, encoding: bytes, limit_bytes: int) -> bytes:
     """The body as sent, inflated for gzip/deflate up to limit_bytes (no decompression bombs)."""
     if encoding in (b"", b"identity"):
         return body
+    if encoding not in (b"gzip", b"deflate"):
+        raise InvalidInput(
+            f"Content-Encoding {_shown(encoding)} is not supported; use gzip, deflate or identity"
+        )
+    name = encoding.decode("ascii")
     try:
-        if encoding in (b"gzip", b"deflate"):
-            window = zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS
-            inflater = zlib.decompressobj(window)
-            data = inflater.decompress(body, limit_bytes + 1)
-            if len(data) > limit_bytes:
-                raise BodyTooLarge(
-                    f"request body inflates to more than this server's limit of {limit_bytes} "
-                    "bytes (--max-request-mb)"
-                )
-            if not inflater.eof:
-                raise EOFError("compressed data ends early")
-            return data
+        window = zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS
+        inflater = zlib.decompressobj(window)
+        data = inflater.decompress(body, limit_bytes + 1)
+        if len(data) > limit_bytes:
+            raise BodyTooLarge(
+                f"request body inflates to more than this server's limit of {limit_bytes} "
+                "bytes (--max-request-mb)"
+            )
+        if not inflater.eof:
+            raise EOFError("compressed data ends early")
     except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidInput(f"request body is not valid {encoding.decode()} data: {exc}") from None
-    raise InvalidInput(
-        f"Content-Encoding '{encoding.decode()}' is not supported; use gzip, deflate or identity"
-    )
+        raise InvalidInput(f"request body is not valid {name} data: {exc}") from None
+    return data
 
 
 def _json(doc: Any, status: int = 200) -> Reply:
