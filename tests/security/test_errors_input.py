@@ -26,6 +26,8 @@ def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("errors-input")
     fixture_models.linear(root)
     fixture_models.embedding(root)  # ids INT64 [B,seq] over a vocabulary of 16
+    fixture_models.embedding(root, "embed_isolated",
+                             config="max_batch_size: 8\nisolation: process\n")
     fixture_models.first_row_only(root)
     return server_factory(root, "--repository-api")
 
@@ -168,6 +170,17 @@ def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_problem(
     good = post(server, "/v2/models/embed/infer", infer_doc([1, 2], [3, 15], "ids", "INT64"))
     assert good.status == 200
     assert "[E:onnxruntime" not in server.log()  # no ERROR line per bad request
+    assert_clean(server)
+
+
+def test_an_isolated_engine_refusing_input_values_is_a_400_too(server: RunningServer) -> None:
+    reply = post(server, "/v2/models/embed_isolated/infer",
+                 infer_doc([1, 2], [3, 100], "ids", "INT64"))
+    assert reply.status == 400
+    assert "idx=100 must be within the inclusive range [-16,15]" in reply.error
+    good = post(server, "/v2/models/embed_isolated/infer",
+                infer_doc([1, 2], [3, 15], "ids", "INT64"))
+    assert good.status == 200  # the worker process kept serving: nothing was restarted
     assert_clean(server)
 
 

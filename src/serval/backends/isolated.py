@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from serval.backends.base import Backend, LoadedModel, ModelMetadata, ModelVersionSpec
-from serval.errors import BackendError, ConfigError, ModelNotReady
+from serval.errors import BackendError, ConfigError, EngineRejectedInput, ModelNotReady
 from serval.protocol.types import TensorDict
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,9 @@ class IsolatedModel:
                 outputs = recv_tensors(self._conn) if status == "ok" else None
             except (EOFError, OSError) as exc:
                 raise self._crashed() from exc
+        if status == "rejected":  # the input's values, not the engine: the client's 400
+            message, engine_detail = detail
+            raise EngineRejectedInput(message, engine_detail)
         if outputs is None:
             raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
         return outputs
@@ -142,8 +145,8 @@ class IsolatedModel:
         except ConfigError as exc:
             log.error("isolated model worker failed to restart", extra={
                 "model": self._spec.name, "version": self._spec.version, "error": str(exc)})
-            raise ModelNotReady(f"{self._label}: its worker process could not be restarted: "
-                                f"{exc}") from exc
+            raise ModelNotReady(f"{self._label}: its worker process could not be restarted "
+                                "(the server log says why)") from exc
         self.restarts += 1
 
     def _stop_child(self) -> None:
@@ -246,6 +249,9 @@ def _serve_child(conn: Connection, model: LoadedModel) -> None:
         inputs = _read_arrays(conn, message[1])
         try:
             outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
+        except EngineRejectedInput as exc:
+            conn.send(("rejected", (exc.message, exc.detail)))
+            continue
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
             continue
