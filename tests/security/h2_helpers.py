@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +16,7 @@ from tritonclient.grpc import service_pb2
 
 from serval.http2 import frames as h2
 from serval.http2.hpack import HpackDecoder, encode_headers
-from tests.security.conftest import connect
+from tests.security.conftest import Watch, connect
 
 SERVICE = "/inference.GRPCInferenceService/"
 _PREFIX = struct.Struct(">BL")
@@ -84,23 +85,26 @@ class RawH2:
         self.sock = connect(port)
         self.reader = h2.FrameReader(h2.MAX_FRAME_BYTES)
         self.seen = Seen()
+        self.tail = b""  # the last bytes read unparsed
+        self.elapsed_s = 0.0
         if preface:
             self.send(h2.PREFACE + h2.settings_frame(settings or {}))
 
     def send(self, *chunks: bytes) -> bool:
         """False once the server has closed (or stopped reading for the socket timeout)."""
+        self.sock.settimeout(5.0)
         try:
             self.sock.sendall(b"".join(chunks))
             return True
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             return False
 
-    def flood(self, chunk: bytes, seconds: float) -> int:
-        """Send chunk again and again for up to `seconds`, reading what comes back, until the
-        server closes; returns how many were sent."""
-        self.sock.settimeout(0.2)
+    def flood(self, chunk: bytes, seconds: float, read: bool = True) -> int:
+        """Send chunk again and again for up to `seconds` (reading what comes back unless told
+        not to) until the server closes; returns how many were sent."""
         sent, deadline = 0, time.monotonic() + seconds
         while time.monotonic() < deadline and not self.seen.closed:
+            self.sock.settimeout(0.2)
             try:
                 self.sock.sendall(chunk)
                 sent += 1
@@ -108,11 +112,13 @@ class RawH2:
                 pass  # the server stopped reading us: fine, read what it says
             except (BrokenPipeError, ConnectionResetError):
                 break
-            self.read(0.0)
+            if read:
+                self.read(0.0)
         return sent
 
-    def read(self, seconds: float) -> Seen:
-        """Read for up to `seconds` (0: only what is there), or until the server closes."""
+    def read(self, seconds: float, parse: bool = True) -> Seen:
+        """Read for up to `seconds` (0: only what is there), or until the server closes;
+        parse=False throws the bytes away (a cheap attacker leaves the GIL to the good clients)."""
         deadline = time.monotonic() + seconds
         while not self.seen.closed:
             left = deadline - time.monotonic()
@@ -128,6 +134,9 @@ class RawH2:
             if not chunk:
                 self.seen.closed = True
                 break
+            if not parse:
+                self.tail = (self.tail + chunk)[-4096:]
+                continue
             for item in self.reader.feed(chunk):
                 self.seen.frames.append(item)
                 if item[0] == h2.GOAWAY:
@@ -140,6 +149,10 @@ class RawH2:
         self.read(seconds)
         assert self.seen.closed, f"still open after {seconds} s"
         self.elapsed_s = time.monotonic() - started
+        if self.seen.goaway is None and self.tail:  # read unparsed: find the last GOAWAY
+            at = self.tail.rfind(b"\x07\x00\x00\x00\x00\x00")
+            if at >= 3 and len(self.tail) >= at + 14:
+                self.seen.goaway = struct.unpack(">L", self.tail[at + 10:at + 14])[0]
         return self.seen.goaway
 
     def close(self) -> None:
@@ -155,3 +168,21 @@ class RawH2:
 def window_update(stream_id: int, increment: int) -> bytes:
     """Unlike frames.window_update, allows 0 and the reserved bit."""
     return h2.frame(h2.WINDOW_UPDATE, 0, stream_id, struct.pack(">L", increment))
+
+
+def rounds(seconds: float) -> Iterator[int]:
+    """0, 1, 2, ... for `seconds` (at least one): repeat an attack while good clients watch."""
+    deadline = time.monotonic() + seconds
+    count = 0
+    while count == 0 or time.monotonic() < deadline:
+        yield count
+        count += 1
+
+
+def report(name: str, result: Watch, closed_s: float | None = None) -> None:
+    """One line of figures for the record (pytest -s shows them)."""
+    worst = max((client.worst_s for client in result.clients), default=0.0)
+    calls = sum(client.calls for client in result.clients)
+    closed = f", attacker closed {closed_s * 1000:.0f} ms after its last send" if closed_s else ""
+    print(f"\n[{name}] RSS +{result.growth_mib:.1f} MiB, good clients worst "
+          f"{worst * 1000:.0f} ms over {calls} calls{closed}")

@@ -31,7 +31,9 @@ from serval.server.limits import TransportGuards
 log = logging.getLogger(__name__)
 
 _MAX_RECEIVED_FRAME_BYTES = 1024 * 1024
+_READ_SLICE_BYTES = 64 * 1024  # then one loop turn for everyone else (libuv reads up to 8 MiB)
 _UNIMPLEMENTED = 12
+_SMALL_WINDOW_UPDATE = 1024  # increments below this count as control frames
 
 
 class CallRunner(Protocol):
@@ -76,6 +78,7 @@ class GrpcConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._window_ends = 0.0
+        self._read_bytes = 0
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
@@ -106,6 +109,9 @@ class GrpcConnection(asyncio.Protocol):
         self._timer = loop.call_later(limits.h2_preface_timeout_s, self._on_timer)
 
     def data_received(self, data: bytes) -> None:
+        self._read_bytes += len(data)
+        if self._read_bytes > _READ_SLICE_BYTES:
+            self._yield_reading()
         if self._preface is not None:
             data = self._check_preface(data)
             if not data:
@@ -146,6 +152,19 @@ class GrpcConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.transport = None
+
+    def _yield_reading(self) -> None:
+        """Stop reading until the loop has run its other callbacks: a flood of cheap frames
+        must not hold the loop for a whole burst of reads."""
+        self._read_bytes = 0
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._read_again)
+
+    def _read_again(self) -> None:
+        if self.transport is not None and not self.transport.is_closing() and (
+                not self.write_paused):
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         """The client does not read what we write: stop reading what it sends."""
@@ -226,13 +245,15 @@ class GrpcConnection(asyncio.Protocol):
             self.idle_since = asyncio.get_running_loop().time()
 
     def _reset(self, call: ServerCall, code: int) -> None:
-        """A stream error: RST_STREAM(code), the call dropped."""
+        """A stream error: RST_STREAM(code), the call dropped; counted like a client reset
+        (a flood of invalid streams, CVE-2019-9514, costs the client its connection)."""
         self.write(h2.rst_stream(call.stream_id, code))
         self.calls.pop(call.stream_id, None)
         self.blocked.discard(call)
         self._consumed_by_connection(call.close())
         if not self.calls:
             self.idle_since = asyncio.get_running_loop().time()
+        self.abuse.reset_stream("ended by stream errors")
 
     # frames ----------------------------------------------------------------------------------
 
@@ -436,6 +457,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
         increment = h2.parse_u32(payload, "WINDOW_UPDATE")
+        if increment < _SMALL_WINDOW_UPDATE:  # clients batch them; dribbling costs us frames
+            self.abuse.control_frame("WINDOW_UPDATE of a few bytes (CVE-2019-9511)")
         if stream_id == 0:
             if not increment:
                 raise h2.ProtocolError("WINDOW_UPDATE of 0 on the connection")
