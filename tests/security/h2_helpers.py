@@ -86,6 +86,9 @@ class RawH2:
         self.reader = h2.FrameReader(h2.MAX_FRAME_BYTES)
         self.seen = Seen()
         self.tail = b""  # the last bytes read unparsed
+        self.connection_window = h2.DEFAULT_WINDOW_BYTES  # what we may send (flow control)
+        self.stream_initial = h2.DEFAULT_WINDOW_BYTES
+        self.stream_credit: dict[int, int] = {}  # per stream: granted minus sent
         self.elapsed_s = 0.0
         if preface:
             self.send(h2.PREFACE + h2.settings_frame(settings or {}))
@@ -138,10 +141,45 @@ class RawH2:
                 self.tail = (self.tail + chunk)[-4096:]
                 continue
             for item in self.reader.feed(chunk):
+                self._follow(item)
                 self.seen.frames.append(item)
                 if item[0] == h2.GOAWAY:
                     self.seen.goaway = struct.unpack(">L", item[3][4:8])[0]
         return self.seen
+
+    def _follow(self, item: tuple[int, int, int, bytes]) -> None:
+        kind, flags, stream_id, payload = item
+        if kind == h2.SETTINGS and not flags & h2.ACK:
+            self.stream_initial = h2.parse_settings(payload).get(h2.INITIAL_WINDOW_SIZE,
+                                                                 self.stream_initial)
+        elif kind == h2.WINDOW_UPDATE:
+            increment = struct.unpack(">L", payload)[0]
+            if stream_id:
+                self.stream_credit[stream_id] = self.stream_credit.get(stream_id, 0) + increment
+            else:
+                self.connection_window += increment
+
+    def send_flow(self, stream_id: int, payload: bytes, seconds: float, end_stream: bool = False,
+                  stream_window: bool = True, frame_bytes: int = 65_536) -> int:
+        """DATA within the server's windows (the stream's too unless told not to), for up to
+        `seconds`; returns the bytes sent."""
+        sent, deadline = 0, time.monotonic() + seconds
+        view = memoryview(payload)
+        while sent < len(payload) and not self.seen.closed and time.monotonic() < deadline:
+            self.read(0.0)
+            room = min(len(payload) - sent, self.connection_window, frame_bytes)
+            if stream_window:
+                room = min(room, self.stream_initial + self.stream_credit.get(stream_id, 0))
+            if room <= 0:
+                self.read(0.02)
+                continue
+            last = end_stream and sent + room == len(payload)
+            if not self.send(data(stream_id, bytes(view[sent:sent + room]), last)):
+                break
+            sent += room
+            self.connection_window -= room
+            self.stream_credit[stream_id] = self.stream_credit.get(stream_id, 0) - room
+        return sent
 
     def closed_with(self, seconds: float) -> int | None:
         """Read until the server closes (fails after `seconds`); its GOAWAY code, if any."""

@@ -298,8 +298,7 @@ class GrpcConnection(asyncio.Protocol):
             credit += call.receive(payload)
         except CallFailed as exc:
             self._consumed_by_connection(size)
-            call.remote_closed = True
-            call.abort(exc.status, exc.message)
+            call.abort(exc.status, exc.message)  # then RST_STREAM(NO_ERROR): stop sending
             return
         if flags & h2.END_STREAM:
             self._end_remote(call)

@@ -59,7 +59,7 @@ class ServerCall:
                  "_pending_bytes", "_read_reserved", "_reserved", "_trailers", "_unread_bytes",
                  "_waiter", "budget", "finished", "headers", "max_message_bytes", "max_messages",
                  "messages", "owner", "path", "received_ns", "remote_closed", "send_window",
-                 "stream_id", "task", "window")
+                 "stream_id", "task", "window", "__weakref__")
 
     def __init__(self, owner: CallOwner, stream_id: int, headers: list[Header], *,
                  received_ns: int, send_window: int, receive_window: int,
