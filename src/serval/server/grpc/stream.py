@@ -55,7 +55,8 @@ class CallOwner(Protocol):
 class ServerCall:
     """One HTTP/2 stream carrying one gRPC call."""
 
-    __slots__ = ("__weakref__", "_buffer", "_buffer_reserved", "_drainer", "_headers_sent", "_pending",
+    __slots__ = ("__weakref__", "_buffer", "_buffer_reserved", "_drainer", "_headers_sent",
+                 "_pending",
                  "_pending_bytes", "_read_reserved", "_reserved", "_trailers", "_unread_bytes",
                  "_waiter", "budget", "finished", "headers", "max_message_bytes", "max_messages",
                  "messages", "owner", "path", "received_ns", "remote_closed", "send_window",
