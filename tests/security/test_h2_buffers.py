@@ -3,6 +3,10 @@ budget, unread messages per stream, and ModelStreamInfer's requests while answer
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+
 import pytest
 
 from serval.http2 import frames as h2
@@ -10,12 +14,14 @@ from tests.conftest import RunningServer
 from tests.security.conftest import Factory, security_repository, watch
 from tests.security.h2_helpers import (
     RawH2,
+    data,
     headers,
     infer_request,
     message,
     report,
     request_block,
     rounds,
+    window_update,
 )
 
 pytestmark = pytest.mark.integration
@@ -97,4 +103,37 @@ def test_stream_infer_flood_on_a_zero_window(h2_server: RunningServer) -> None:
         assert attacker.seen.statuses().get(1) == RESOURCE_EXHAUSTED
         assert not attacker.seen.closed
     report("ModelStreamInfer flood, zero window", result)
+    result.assert_held()
+
+
+def _unread_by_server(port: int) -> int:
+    """Bytes waiting in the receive queue of the server's end of a connection (ss)."""
+    lines = subprocess.run(["ss", "-tnH", "state", "established", f"sport = :{port}"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    return sum(int(line.split()[0]) for line in lines)
+
+
+def test_a_client_that_never_reads_stops_being_read(h2_server: RunningServer) -> None:
+    """Calls whose answers the client never reads (huge windows, a tiny socket buffer): once
+    the answers fill the socket the server stops reading that connection (write backpressure)
+    instead of taking more work and queueing its answers."""
+    request = message(infer_request())
+    paused_after = None
+    with watch(h2_server) as result, RawH2(h2_server.grpc_port,
+                                           {h2.INITIAL_WINDOW_SIZE: 2**31 - 1}) as attacker:
+        attacker.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        attacker.send(window_update(0, 2**31 - 1 - 65_535))
+        for first in range(1, 200_001, 2000):  # 1000 at a time: under MAX_CONCURRENT_STREAMS
+            if not attacker.send(b"".join(headers(sid) + data(sid, request, True)
+                                          for sid in range(first, first + 2000, 2))):
+                paused_after = first // 2  # our own send blocked: certainly not read
+                break
+            time.sleep(0.3)  # a server still reading empties its receive queue meanwhile
+            if _unread_by_server(h2_server.grpc_port) > 0:
+                paused_after = first // 2 + 1000
+                break
+        assert paused_after is not None, "the server kept reading a client that never reads"
+        time.sleep(0.5)
+        assert _unread_by_server(h2_server.grpc_port) > 0  # still not read
+    report(f"client that never reads (reading paused after {paused_after} calls)", result)
     result.assert_held()

@@ -140,7 +140,9 @@ class GrpcConnection(Http2Connection):
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
         size = len(payload)
-        if not self.window.receive(size):
+        window = self.window  # InboundWindow.receive, inlined: this is the per-frame path
+        window.available -= size
+        if window.available < 0:
             raise h2.ProtocolError("DATA beyond the connection window", h2.FLOW_CONTROL_ERROR)
         if not size and not flags & h2.END_STREAM:
             self.abuse.control_frame("empty DATA")
@@ -152,7 +154,9 @@ class GrpcConnection(Http2Connection):
             if call is not None:
                 self._reset(call, h2.STREAM_CLOSED)
             return
-        if not call.window.receive(size):
+        window = call.window
+        window.available -= size
+        if window.available < 0:
             self._consumed_by_connection(size)
             self._reset(call, h2.FLOW_CONTROL_ERROR)
             return
