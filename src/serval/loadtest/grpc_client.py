@@ -43,7 +43,8 @@ def grpc_message(payload: bytes) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("buffer", "message", "opened", "send_window", "status", "unacked", "waiting")
+    __slots__ = ("buffer", "ended", "message", "opened", "send_window", "status", "unacked",
+                 "waiting")
 
     def __init__(self, send_window: int) -> None:
         self.buffer = b""
@@ -52,6 +53,7 @@ class _Stream:
         self.send_window = send_window
         self.unacked = 0
         self.opened = False
+        self.ended = False  # we sent END_STREAM: nothing more may follow
         self.waiting: list[tuple[bytes, bool]] = []  # DATA sent before the stream could open
 
 
@@ -93,6 +95,7 @@ class GrpcClientConnection(asyncio.Protocol):
         self._send_data(stream_id, message, end_stream=False)
 
     def stream_close(self, stream_id: int) -> None:
+        """Half-close (once: DATA after END_STREAM is a STREAM_CLOSED error)."""
         self._send_data(stream_id, b"", end_stream=True)
 
     def cancel(self, stream_id: int) -> None:
@@ -129,7 +132,7 @@ class GrpcClientConnection(asyncio.Protocol):
         self._out.append(h2.frame(h2.HEADERS, h2.END_HEADERS, stream_id, headers))
         waiting, stream.waiting = stream.waiting, []
         for data, end_stream in waiting:
-            self._send_data(stream_id, data, end_stream)
+            self._emit(stream_id, stream, data, end_stream)
 
     def _closed_one(self) -> None:
         """A stream ended: open waiting calls while the server allows."""
@@ -144,11 +147,15 @@ class GrpcClientConnection(asyncio.Protocol):
 
     def _send_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         stream = self.streams.get(stream_id)
-        if stream is None:
+        if stream is None or stream.ended:
             return
-        if not stream.opened:
+        stream.ended = end_stream
+        if stream.opened:
+            self._emit(stream_id, stream, data, end_stream)
+        else:
             stream.waiting.append((data, end_stream))
-            return
+
+    def _emit(self, stream_id: int, stream: _Stream, data: bytes, end_stream: bool) -> None:
         size = len(data)
         if self.blocked or size > min(stream.send_window, self.send_window,
                                       self.peer_max_frame_bytes):
