@@ -6,6 +6,7 @@ symbols clash with tritonclient's).
 
 from __future__ import annotations
 
+import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -81,8 +82,14 @@ class RawH2:
     """One attacking connection."""
 
     def __init__(self, port: int, settings: dict[int, int] | None = None,
-                 preface: bool = True) -> None:
-        self.sock = connect(port)
+                 preface: bool = True, receive_buffer: int = 0) -> None:
+        if receive_buffer:  # set before connecting: it also bounds the window it advertises
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            self.sock.settimeout(10.0)
+            self.sock.connect(("127.0.0.1", port))
+        else:
+            self.sock = connect(port)
         self.reader = h2.FrameReader(h2.MAX_FRAME_BYTES)
         self.seen = Seen()
         self.tail = b""  # the last bytes read unparsed

@@ -3,7 +3,6 @@ budget, unread messages per stream, and ModelStreamInfer's requests while answer
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 
@@ -113,6 +112,17 @@ def _unread_by_server(port: int) -> int:
     return sum(int(line.split()[0]) for line in lines)
 
 
+def _stays_unread(port: int, seconds: float) -> bool:
+    """The server's end holds unread bytes throughout `seconds` (a reading server empties its
+    receive queue within a few loop turns)."""
+    time.sleep(0.2)
+    for _ in range(int(seconds / 0.1)):
+        if not _unread_by_server(port):
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def test_a_client_that_never_reads_stops_being_read(h2_server: RunningServer) -> None:
     """Calls whose answers the client never reads (huge windows, a tiny socket buffer): once
     the answers fill the socket the server stops reading that connection (write backpressure)
@@ -120,20 +130,20 @@ def test_a_client_that_never_reads_stops_being_read(h2_server: RunningServer) ->
     request = message(infer_request())
     paused_after = None
     with watch(h2_server) as result, RawH2(h2_server.grpc_port,
-                                           {h2.INITIAL_WINDOW_SIZE: 2**31 - 1}) as attacker:
-        attacker.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                                           {h2.INITIAL_WINDOW_SIZE: 2**31 - 1},
+                                           receive_buffer=4096) as attacker:
         attacker.send(window_update(0, 2**31 - 1 - 65_535))
-        for first in range(1, 200_001, 2000):  # 1000 at a time: under MAX_CONCURRENT_STREAMS
-            if not attacker.send(b"".join(headers(sid) + data(sid, request, True)
-                                          for sid in range(first, first + 2000, 2))):
+        for first in range(1, 200_001, 1200):  # 600 at a time: under MAX_CONCURRENT_STREAMS
+            attacker.sock.settimeout(1.0)
+            try:
+                attacker.sock.sendall(b"".join(headers(sid) + data(sid, request, True)
+                                               for sid in range(first, first + 1200, 2)))
+            except TimeoutError:
                 paused_after = first // 2  # our own send blocked: certainly not read
                 break
-            time.sleep(0.3)  # a server still reading empties its receive queue meanwhile
-            if _unread_by_server(h2_server.grpc_port) > 0:
-                paused_after = first // 2 + 1000
+            if _stays_unread(h2_server.grpc_port, 1.0):
+                paused_after = first // 2 + 600
                 break
         assert paused_after is not None, "the server kept reading a client that never reads"
-        time.sleep(0.5)
-        assert _unread_by_server(h2_server.grpc_port) > 0  # still not read
     report(f"client that never reads (reading paused after {paused_after} calls)", result)
     result.assert_held()
