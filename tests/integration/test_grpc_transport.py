@@ -122,6 +122,15 @@ def test_load_generator_counts_errors_by_status(
     assert result.requests == 0 and result.errors.get("grpc_not_found", 0) > 0
 
 
+def test_load_generator_queues_calls_beyond_max_concurrent_streams(
+        server_factory: Factory, tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    server = server_factory(tmp_path, "--h2-max-concurrent-streams", "2")
+    result = run_grpc_closed_loop(server.grpc_url, [_linear_request("linear")], 16, 0.5,
+                                  warmup_s=0.1, channels_per_process=2)
+    assert result.errors == {} and result.requests > 10, result.errors
+
+
 def _linear_request(model: str) -> bytes:
     request = service_pb2.ModelInferRequest(model_name=model)
     request.inputs.add(name="x", datatype="FP32", shape=[1, 8])

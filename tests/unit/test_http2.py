@@ -8,6 +8,8 @@ import pytest
 from hpack import Decoder, Encoder
 
 from serval.http2 import frames as h2
+from serval.http2.abuse import AbuseBudget
+from serval.http2.flow import InboundWindow, grow_send_window
 from serval.http2.hpack import HpackDecoder, encode_headers
 from serval.server.grpc.stream import percent_encode
 
@@ -80,3 +82,54 @@ def test_padding_is_stripped() -> None:
 def test_grpc_message_percent_encoding() -> None:
     assert percent_encode("shape [1, 2] given") == "shape [1, 2] given"
     assert percent_encode("100% é\n") == "100%25 %C3%A9%0A"
+
+
+def test_header_lists_past_the_limit_stop_decoding() -> None:
+    decoder = HpackDecoder(max_list_bytes=1000)
+    with pytest.raises(h2.ProtocolError) as raised:
+        decoder.decode(b"\x82" * 100_000)  # one-byte indexes: 42 bytes each once decoded
+    assert raised.value.code == h2.ENHANCE_YOUR_CALM
+    assert decoder.decode(b"\x82" * 20) == [(":method", "GET")] * 20  # under the limit
+
+
+def test_the_block_cache_is_bounded_in_bytes() -> None:
+    decoder = HpackDecoder()
+    for n in range(5000):
+        decoder.decode(encode_headers([("x-n", str(n))]))
+    assert decoder._cache_bytes <= 64 * 1024
+    decoder.decode(encode_headers([("x-big", "v" * 4000)]))
+    assert encode_headers([("x-big", "v" * 4000)]) not in decoder._cache  # too big to keep
+
+
+@pytest.mark.parametrize(("settings", "code"), [
+    ({h2.MAX_FRAME_SIZE: 0}, h2.PROTOCOL_ERROR),
+    ({h2.MAX_FRAME_SIZE: 2**24}, h2.PROTOCOL_ERROR),
+    ({h2.ENABLE_PUSH: 2}, h2.PROTOCOL_ERROR),
+    ({h2.INITIAL_WINDOW_SIZE: 2**31}, h2.FLOW_CONTROL_ERROR),
+])
+def test_settings_outside_their_ranges_are_errors(settings: dict[int, int], code: int) -> None:
+    with pytest.raises(h2.ProtocolError) as raised:
+        h2.parse_settings(h2.settings_frame(settings)[9:])
+    assert raised.value.code == code
+
+
+def test_receive_windows_credit_consumed_bytes_in_batches() -> None:
+    window = InboundWindow(1000)
+    assert window.receive(1000) and not window.receive(1)
+    assert window.consume(100) == 0  # below a quarter: kept
+    assert window.consume(200) == 300 and window.available == 299
+    with pytest.raises(h2.ProtocolError):
+        grow_send_window(2**31 - 10, 10)
+
+
+def test_abuse_budgets_end_with_enhance_your_calm() -> None:
+    budget = AbuseBudget(max_control_frames=3, max_resets=1)
+    for _ in range(3):
+        budget.control_frame("PING")
+    with pytest.raises(h2.ProtocolError) as raised:
+        budget.control_frame("PING")
+    assert raised.value.code == h2.ENHANCE_YOUR_CALM
+    budget.new_window()
+    budget.reset_stream("reset")
+    with pytest.raises(h2.ProtocolError):
+        budget.reset_stream("reset")

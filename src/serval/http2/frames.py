@@ -10,6 +10,7 @@ FRAME_HEADER_BYTES = 9
 DEFAULT_WINDOW_BYTES = 65_535
 DEFAULT_MAX_FRAME_BYTES = 16_384
 MAX_WINDOW_BYTES = 2**31 - 1
+MAX_FRAME_BYTES = 2**24 - 1
 
 # frame types
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS = 0x0, 0x1, 0x2, 0x3, 0x4
@@ -81,14 +82,25 @@ def data_frames(stream_id: int, payload: bytes | memoryview, max_frame_bytes: in
 
 
 def parse_settings(payload: bytes) -> dict[int, int]:
+    """The settings of a SETTINGS frame, checked as RFC 9113 section 6.5.2 requires."""
     if len(payload) % 6:
         raise ProtocolError("SETTINGS payload is not a multiple of 6 bytes", FRAME_SIZE_ERROR)
-    return dict(_SETTING.iter_unpack(payload))
+    settings = dict(_SETTING.iter_unpack(payload))
+    if settings.get(ENABLE_PUSH, 0) > 1:
+        raise ProtocolError(f"SETTINGS_ENABLE_PUSH must be 0 or 1, not {settings[ENABLE_PUSH]}")
+    frame_size = settings.get(MAX_FRAME_SIZE, DEFAULT_MAX_FRAME_BYTES)
+    if not DEFAULT_MAX_FRAME_BYTES <= frame_size <= MAX_FRAME_BYTES:
+        raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {frame_size} outside "
+                            f"{DEFAULT_MAX_FRAME_BYTES}..{MAX_FRAME_BYTES}")
+    if settings.get(INITIAL_WINDOW_SIZE, 0) > MAX_WINDOW_BYTES:
+        raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1", FLOW_CONTROL_ERROR)
+    return settings
 
 
 def parse_u32(payload: bytes, what: str) -> int:
-    if len(payload) < 4:
-        raise ProtocolError(f"{what} frame too short", FRAME_SIZE_ERROR)
+    """The 31-bit value of a 4-byte payload (RST_STREAM, WINDOW_UPDATE)."""
+    if len(payload) != 4:
+        raise ProtocolError(f"{what} frame of {len(payload)} bytes, not 4", FRAME_SIZE_ERROR)
     return int(_U32.unpack_from(payload)[0]) & 0x7FFF_FFFF
 
 

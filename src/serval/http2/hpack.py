@@ -4,6 +4,10 @@ and a table-free encoder (literal fields, never indexed) for the few headers we 
 Clients built on grpc-core send nearly identical header blocks on every call; once the dynamic
 table holds them a block is a handful of index bytes, so a block decoded while the table did not
 change is remembered and answered from a dict next time.
+
+Bounds: a decoded header list larger than `max_list_bytes` (RFC 9113's SETTINGS_MAX_HEADER_LIST_SIZE
+measure: name + value + 32 per field) stops decoding at once, so the CPU spent on one block is
+bounded too; only small blocks are cached, and the cache is bounded in bytes.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
-from serval.http2.frames import COMPRESSION_ERROR, ProtocolError
+from serval.http2.frames import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ProtocolError
 
 Header = tuple[str, str]
 
@@ -19,61 +23,81 @@ _STATIC: tuple[Header, ...] = tuple(
     (name.decode("latin-1"), value.decode("latin-1")) for name, value in HeaderTable.STATIC_TABLE
 )
 _ENTRY_OVERHEAD_BYTES = 32
-_CACHE_LIMIT = 512
+_CACHEABLE_BLOCK_BYTES = 512  # larger blocks are decoded every time
+_CACHE_BYTES = 64 * 1024  # blocks and their decoded lists, per connection
 
 
 class HpackDecoder:
     """One connection's decoding state."""
 
-    def __init__(self, max_table_bytes: int = 4096) -> None:
+    def __init__(self, max_table_bytes: int = 4096, max_list_bytes: int = 1 << 30) -> None:
         self.max_table_bytes = max_table_bytes  # what we advertised (SETTINGS_HEADER_TABLE_SIZE)
         self.table_limit_bytes = max_table_bytes  # what the peer chose, <= max_table_bytes
+        self.max_list_bytes = max_list_bytes
         self.table: list[Header] = []  # newest first
         self.table_bytes = 0
         self.generation = 0  # changes whenever the dynamic table does
         self._cache: dict[bytes, list[Header]] = {}
+        self._cache_bytes = 0
 
     def decode(self, block: bytes) -> list[Header]:
+        """The header list of one block; ProtocolError when it is malformed or too large."""
         cached = self._cache.get(block)
         if cached is not None:
             return cached
         generation = self.generation
-        headers = self._decode(block)
+        headers, list_bytes = self._decode(block)
         if self.generation != generation:
             self._cache.clear()
-        else:
-            if len(self._cache) >= _CACHE_LIMIT:
+            self._cache_bytes = 0
+        elif len(block) <= _CACHEABLE_BLOCK_BYTES:
+            cost = len(block) + list_bytes
+            if self._cache_bytes + cost > _CACHE_BYTES:
                 self._cache.clear()
+                self._cache_bytes = 0
             self._cache[block] = headers
+            self._cache_bytes += cost
         return headers
 
-    def _decode(self, block: bytes) -> list[Header]:
+    def _decode(self, block: bytes) -> tuple[list[Header], int]:
         headers: list[Header] = []
         pos, end = 0, len(block)
+        size, limit = 0, self.max_list_bytes
         try:
             while pos < end:
+                if size > limit:
+                    raise ProtocolError(f"header list larger than {limit} bytes",
+                                        ENHANCE_YOUR_CALM)
                 byte = block[pos]
                 if byte & 0x80:  # indexed field
                     index, pos = _integer(block, pos, 7)
-                    headers.append(self._entry(index))
-                elif byte & 0x40:  # literal, added to the table
+                    name, value = entry = self._entry(index)
+                    headers.append(entry)
+                    size += len(name) + len(value) + _ENTRY_OVERHEAD_BYTES
+                    continue
+                if byte & 0x40:  # literal, added to the table
                     name, value, pos = self._literal(block, pos, 6)
                     headers.append((name, value))
                     self._insert(name, value)
                 elif byte & 0x20:  # dynamic table size update
-                    size, pos = _integer(block, pos, 5)
-                    if size > self.max_table_bytes:
-                        raise ProtocolError(f"HPACK table size {size} above the advertised "
-                                            f"{self.max_table_bytes}", COMPRESSION_ERROR)
-                    self.table_limit_bytes = size
+                    table_bytes, pos = _integer(block, pos, 5)
+                    if table_bytes > self.max_table_bytes:
+                        raise ProtocolError(f"HPACK table size {table_bytes} above the "
+                                            f"advertised {self.max_table_bytes}",
+                                            COMPRESSION_ERROR)
+                    self.table_limit_bytes = table_bytes
                     self._evict(0)
                     self.generation += 1
+                    continue
                 else:  # literal without indexing / never indexed
                     name, value, pos = self._literal(block, pos, 4)
                     headers.append((name, value))
+                size += len(name) + len(value) + _ENTRY_OVERHEAD_BYTES
         except IndexError:
             raise ProtocolError("truncated HPACK block", COMPRESSION_ERROR) from None
-        return headers
+        if size > limit:
+            raise ProtocolError(f"header list larger than {limit} bytes", ENHANCE_YOUR_CALM)
+        return headers, size
 
     def _literal(self, block: bytes, pos: int, prefix_bits: int) -> tuple[str, str, int]:
         index, pos = _integer(block, pos, prefix_bits)

@@ -3,7 +3,8 @@
 Request headers are encoded once per method (literal fields, no HPACK table state), request
 messages are pre-serialized bytes, and answers are reported by callback: `on_message(stream,
 message)` for each reply message and `on_end(stream, grpc_status, grpc_message)` when a call ends.
-Works against any gRPC server (Serval, Triton, grpcio): windows and frame sizes are honoured.
+Works against any gRPC server (Serval, Triton, grpcio): windows, frame sizes and
+SETTINGS_MAX_CONCURRENT_STREAMS are honoured (calls beyond it wait, in order, for a stream to end).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def grpc_message(payload: bytes) -> bytes:
 
 
 class _Stream:
-    __slots__ = ("buffer", "message", "send_window", "status", "unacked")
+    __slots__ = ("buffer", "ended", "message", "opened", "send_window", "status", "unacked",
+                 "waiting")
 
     def __init__(self, send_window: int) -> None:
         self.buffer = b""
@@ -50,6 +52,9 @@ class _Stream:
         self.message = ""
         self.send_window = send_window
         self.unacked = 0
+        self.opened = False
+        self.ended = False  # we sent END_STREAM: nothing more may follow
+        self.waiting: list[tuple[bytes, bool]] = []  # DATA sent before the stream could open
 
 
 class GrpcClientConnection(asyncio.Protocol):
@@ -67,6 +72,9 @@ class GrpcClientConnection(asyncio.Protocol):
         self.peer_max_frame_bytes = h2.DEFAULT_MAX_FRAME_BYTES
         self.send_window = h2.DEFAULT_WINDOW_BYTES
         self.blocked: deque[tuple[int, bytes, bool]] = deque()  # waiting for flow control
+        self.max_open_streams = 2**31  # the server's SETTINGS_MAX_CONCURRENT_STREAMS
+        self.open_streams = 0
+        self.queued: deque[tuple[int, bytes]] = deque()  # calls waiting for a stream slot
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.closed = False
         self._unacked = 0
@@ -87,11 +95,14 @@ class GrpcClientConnection(asyncio.Protocol):
         self._send_data(stream_id, message, end_stream=False)
 
     def stream_close(self, stream_id: int) -> None:
+        """Half-close (once: DATA after END_STREAM is a STREAM_CLOSED error)."""
         self._send_data(stream_id, b"", end_stream=True)
 
     def cancel(self, stream_id: int) -> None:
-        if self.streams.pop(stream_id, None) is not None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and stream.opened:
             self._out.append(h2.rst_stream(stream_id, h2.CANCEL))
+            self._closed_one()
 
     def flush(self) -> None:
         """Write everything queued since the last flush in one go."""
@@ -108,13 +119,43 @@ class GrpcClientConnection(asyncio.Protocol):
         stream_id = self.next_stream_id
         self.next_stream_id += 2
         self.streams[stream_id] = _Stream(self.peer_window_bytes)
-        self._out.append(h2.frame(h2.HEADERS, h2.END_HEADERS, stream_id, headers))
+        if self.queued or self.open_streams >= self.max_open_streams:
+            self.queued.append((stream_id, headers))
+        else:
+            self._start(stream_id, headers)
         return stream_id
+
+    def _start(self, stream_id: int, headers: bytes) -> None:
+        stream = self.streams[stream_id]
+        stream.opened = True
+        self.open_streams += 1
+        self._out.append(h2.frame(h2.HEADERS, h2.END_HEADERS, stream_id, headers))
+        waiting, stream.waiting = stream.waiting, []
+        for data, end_stream in waiting:
+            self._emit(stream_id, stream, data, end_stream)
+
+    def _closed_one(self) -> None:
+        """A stream ended: open waiting calls while the server allows."""
+        self.open_streams -= 1
+        self._open_queued()
+
+    def _open_queued(self) -> None:
+        while self.queued and self.open_streams < self.max_open_streams:
+            stream_id, headers = self.queued.popleft()
+            if stream_id in self.streams:  # not cancelled while it waited
+                self._start(stream_id, headers)
 
     def _send_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         stream = self.streams.get(stream_id)
-        if stream is None:
+        if stream is None or stream.ended:
             return
+        stream.ended = end_stream
+        if stream.opened:
+            self._emit(stream_id, stream, data, end_stream)
+        else:
+            stream.waiting.append((data, end_stream))
+
+    def _emit(self, stream_id: int, stream: _Stream, data: bytes, end_stream: bool) -> None:
         size = len(data)
         if self.blocked or size > min(stream.send_window, self.send_window,
                                       self.peer_max_frame_bytes):
@@ -225,6 +266,7 @@ class GrpcClientConnection(asyncio.Protocol):
     def _end(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
         if stream is not None:
+            self._closed_one()
             self.on_end(stream_id, stream.status, stream.message)
 
     def _on_control(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
@@ -242,6 +284,7 @@ class GrpcClientConnection(asyncio.Protocol):
         elif kind == h2.RST_STREAM:
             stream = self.streams.pop(stream_id, None)
             if stream is not None:
+                self._closed_one()
                 code = h2.parse_u32(payload, "RST_STREAM")
                 self.on_end(stream_id, _NO_STATUS, f"stream reset by the server (code {code})")
         elif kind == h2.GOAWAY:
@@ -249,6 +292,8 @@ class GrpcClientConnection(asyncio.Protocol):
 
     def _on_settings(self, settings: dict[int, int]) -> None:
         self.peer_max_frame_bytes = settings.get(h2.MAX_FRAME_SIZE, self.peer_max_frame_bytes)
+        self.max_open_streams = settings.get(h2.MAX_CONCURRENT_STREAMS, self.max_open_streams)
+        self._open_queued()
         if h2.INITIAL_WINDOW_SIZE in settings:
             window = settings[h2.INITIAL_WINDOW_SIZE]
             delta, self.peer_window_bytes = window - self.peer_window_bytes, window

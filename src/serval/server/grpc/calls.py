@@ -65,6 +65,11 @@ class CallContext:
     def invocation_metadata(self) -> list[tuple[str, str]]:
         return self.call.metadata()
 
+    @property
+    def max_stream_messages(self) -> int:
+        """Requests of one stream that may be received and not yet answered."""
+        return self.call.max_messages
+
 
 class ServiceRunner:
     """Maps paths to the servicer's methods and runs each call to its status."""
@@ -87,6 +92,7 @@ class ServiceRunner:
             if method.server_streaming:
                 async for reply in method.handler(requests, context):
                     call.send_message(reply.SerializeToString())
+                    await call.drain()  # the client reads slower than we answer: wait
             else:
                 reply = await method.handler(requests, context)
                 call.send_message(reply.SerializeToString())
@@ -113,11 +119,12 @@ def service_methods(servicer: object) -> dict[str, Method]:
 
 
 def _single_message(call: ServerCall) -> bytes:
-    if len(call.messages) != 1:
+    message = call.next_message() if call.message_count == 1 else None
+    if message is None:
         raise AbortCall(grpc.StatusCode.INVALID_ARGUMENT,
                         f"a unary call carries exactly one request message, not "
-                        f"{len(call.messages)}")
-    return call.messages.popleft()
+                        f"{call.message_count}")
+    return message
 
 
 def _parse(request_type: Any, message: bytes) -> Any:

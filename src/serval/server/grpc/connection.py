@@ -1,31 +1,30 @@
-"""One gRPC client connection: HTTP/2 framing, flow control and streams, over asyncio.
+"""One gRPC client connection: its HTTP/2 streams as gRPC calls, over asyncio.
 
-Each HTTP/2 stream is a `ServerCall` (stream.py). A unary call starts when its request is
-complete; a client-streaming call starts at its headers and reads messages as they arrive. Frames
-written while handling a burst of requests or answers go out in one socket write per loop turn.
+The HTTP/2 mechanics (framing, connection-level frames, timeouts, budgets, backpressure) are
+framing.py's; here each HTTP/2 stream is a `ServerCall` (stream.py). A unary call starts when
+its request is complete, after the whole read it arrived in (so a stream reset in that read
+costs no work); a client-streaming call starts at its headers and reads messages as they arrive.
+
+Bounds: at most h2_max_concurrent_streams open streams (beyond: REFUSED_STREAM, counted against
+the reset budget); receive windows credited only as the calls consume their messages; stream
+errors and client resets before an answer count against h2_max_resets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 from serval.http2 import frames as h2
-from serval.http2.hpack import HpackDecoder
-from serval.server.grpc.stream import INTERNAL, UNIMPLEMENTED, CallFailed, ServerCall
+from serval.http2.flow import grow_send_window
+from serval.server.grpc.framing import Http2Connection
+from serval.server.grpc.stream import CallFailed, ServerCall
 from serval.server.limits import TransportGuards
 
-log = logging.getLogger(__name__)
+_UNIMPLEMENTED = 12
 
-STREAM_WINDOW_BYTES = 16 * 1024 * 1024  # what we let each stream send before acknowledging
-CONNECTION_WINDOW_BYTES = 1024 * 1024 * 1024
-_ACK_STREAM_BYTES = STREAM_WINDOW_BYTES // 4
-_ACK_CONNECTION_BYTES = CONNECTION_WINDOW_BYTES // 4
-_MAX_RECEIVED_FRAME_BYTES = 1024 * 1024
 
 class CallRunner(Protocol):
     """What runs a call once it may start (the service layer)."""
@@ -36,209 +35,185 @@ class CallRunner(Protocol):
     def run(self, call: ServerCall) -> Coroutine[Any, Any, None]: ...
 
 
-class GrpcConnection(asyncio.Protocol):
-    """The server side of one HTTP/2 connection."""
+class GrpcConnection(Http2Connection):
+    """The server side of one gRPC connection."""
 
     def __init__(self, runner: CallRunner, connections: set[GrpcConnection],
                  guards: TransportGuards) -> None:
+        super().__init__(guards)
         self.runner, self.connections = runner, connections
-        self.guards, self.limits = guards, guards.limits
-        self.max_message_bytes = guards.limits.max_message_bytes
-        self.transport: asyncio.Transport | None = None
         self.calls: dict[int, ServerCall] = {}
-        self.last_stream_id = 0
-        self.decoder = HpackDecoder()
-        self.reader = h2.FrameReader(_MAX_RECEIVED_FRAME_BYTES)
-        self.peer_window_bytes = h2.DEFAULT_WINDOW_BYTES  # the peer's initial stream window
-        self.peer_max_frame_bytes = h2.DEFAULT_MAX_FRAME_BYTES
-        self.send_window = h2.DEFAULT_WINDOW_BYTES
         self.blocked: set[ServerCall] = set()
-        self.closing = False
-        self._preface: bytes | None = b""
-        self._unacked_bytes = 0
-        self._continuation: tuple[int, int, bytearray] | None = None
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
-        self._handlers: dict[int, Callable[[int, int, bytes], None]] = {
-            h2.DATA: self._on_data, h2.HEADERS: self._on_headers,
-            h2.RST_STREAM: self._on_rst_stream, h2.SETTINGS: self._on_settings,
-            h2.PING: self._on_ping, h2.GOAWAY: self._on_goaway,
-            h2.WINDOW_UPDATE: self._on_window_update, h2.PUSH_PROMISE: self._on_push_promise,
-        }
+        self._starting: list[ServerCall] = []
+
+    def has_streams(self) -> bool:
+        return bool(self.calls)
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.connections.add(self)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # find peers that vanished without closing (long-lived channels)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        self.write(h2.settings_frame({
-            h2.INITIAL_WINDOW_SIZE: STREAM_WINDOW_BYTES,
-            h2.MAX_FRAME_SIZE: _MAX_RECEIVED_FRAME_BYTES,
-            h2.ENABLE_PUSH: 0,
-        }))
-        self.write(h2.window_update(0, CONNECTION_WINDOW_BYTES - h2.DEFAULT_WINDOW_BYTES))
-
-    def data_received(self, data: bytes) -> None:
-        if self._preface is not None:
-            data = self._check_preface(data)
-            if not data:
-                return
-        try:
-            handlers = self._handlers
-            for kind, flags, stream_id, payload in self.reader.feed(data):
-                if self._continuation is not None:
-                    self._on_continuation(kind, flags, stream_id, payload)
-                    continue
-                handler = handlers.get(kind)
-                if handler is not None:
-                    handler(flags, stream_id, payload)
-                elif kind == h2.CONTINUATION:
-                    raise h2.ProtocolError("CONTINUATION without HEADERS")
-        except h2.ProtocolError as exc:
-            self._fail(exc)
-            return
-        if self._unacked_bytes >= _ACK_CONNECTION_BYTES:
-            self.write(h2.window_update(0, self._unacked_bytes))
-            self._unacked_bytes = 0
+        super().connection_made(transport)
+        if self.transport is not None:  # admitted by the connection gate
+            self.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
         for call in self.calls.values():
-            call.finished = True
-            if call.task is not None:
-                call.task.cancel()  # the client is gone: drop its queued work
+            call.close()  # the client is gone: drop its queued work
         self.calls.clear()
         self.blocked.clear()
-        self.transport = None
+        self._starting.clear()
+        super().connection_lost(exc)
 
-    # output ----------------------------------------------------------------------------------
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        for call in list(self.calls.values()):
+            call.wake_writer()
 
-    def write(self, data: bytes) -> None:
-        """Queue bytes; everything queued in one loop iteration goes out in one write."""
-        self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+    def _fail(self, exc: h2.ProtocolError) -> None:
+        self._starting.clear()
+        super()._fail(exc)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(out))
-        if self.closing and not self.calls:
-            self._close()
+    def _after_read(self) -> None:
+        if self._starting:
+            starting, self._starting = self._starting, []
+            loop = asyncio.get_running_loop()
+            for call in starting:
+                if not call.finished and call.task is None:
+                    call.task = loop.create_task(self.runner.run(call))
+
+    # output (CallOwner) ----------------------------------------------------------------------
 
     def send_pending(self, call: ServerCall) -> None:
         """Write what the call may send now; remember it if flow control holds the rest."""
-        frames, sent_bytes = call._take_sendable(self.send_window, self.peer_max_frame_bytes)
+        frames, sent_bytes = call.take_sendable(self.send_window, self.peer_max_frame_bytes)
         self.send_window -= sent_bytes
         for data_frame in frames:
             self.write(data_frame)
-        if call._pending or call._trailers is not None:
+        if call.has_output:
             self.blocked.add(call)
             return
         self.blocked.discard(call)
         if call.finished:
             self._forget(call)
 
+    def consumed(self, call: ServerCall, size: int) -> None:
+        """Credit bytes the server no longer holds to the connection and the stream windows."""
+        self._consumed_by_connection(size)
+        if not call.remote_closed:
+            increment = call.window.consume(size)
+            if increment:
+                self.write(h2.window_update(call.stream_id, increment))
+
+    def _unblock(self) -> None:
+        for call in list(self.blocked):
+            if self.send_window <= 0:
+                return
+            self.send_pending(call)
+
     def _forget(self, call: ServerCall) -> None:
-        if self.calls.pop(call.stream_id, None) is not None and not call.remote_closed:
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        if not call.remote_closed:
             self.write(h2.rst_stream(call.stream_id, h2.NO_ERROR))  # we need no more of it
+        call.task = None  # done with it: no call <-> task cycle
+        self._consumed_by_connection(call.release())
+        if not self.calls:
+            self.idle_since = asyncio.get_running_loop().time()
 
-    # frames ----------------------------------------------------------------------------------
+    def _drop(self, call: ServerCall) -> None:
+        """The stream is gone before its answer: stop the call, give back its credit."""
+        self.calls.pop(call.stream_id, None)
+        self.blocked.discard(call)
+        self._consumed_by_connection(call.close())
+        if not self.calls:
+            self.idle_since = asyncio.get_running_loop().time()
 
-    def _check_preface(self, data: bytes) -> bytes:
-        assert self._preface is not None
-        seen = self._preface + data
-        if len(seen) < len(h2.PREFACE):
-            if not h2.PREFACE.startswith(seen):
-                self._close()
-            self._preface = seen
-            return b""
-        if not seen.startswith(h2.PREFACE):
-            log.info("closing a connection that does not speak HTTP/2 (prior knowledge)")
-            self._close()
-            return b""
-        self._preface = None
-        return seen[len(h2.PREFACE):]
+    def _reset(self, call: ServerCall, code: int) -> None:
+        """A stream error: RST_STREAM(code), the call dropped; counted like a client reset
+        (a flood of invalid streams, CVE-2019-9514, costs the client its connection)."""
+        self.write(h2.rst_stream(call.stream_id, code))
+        self._drop(call)
+        self.abuse.reset_stream("ended by stream errors")
+
+    # stream frames ---------------------------------------------------------------------------
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise h2.ProtocolError("DATA on stream 0")
-        self._unacked_bytes += len(payload)
+        size = len(payload)
+        window = self.window  # InboundWindow.receive, inlined: this is the per-frame path
+        window.available -= size
+        if window.available < 0:
+            raise h2.ProtocolError("DATA beyond the connection window", h2.FLOW_CONTROL_ERROR)
+        if not size and not flags & h2.END_STREAM:
+            self.abuse.control_frame("empty DATA")
         call = self.calls.get(stream_id)
         if call is None or call.remote_closed:
-            return  # a stream we already ended or reset: counted for the connection only
-        call._unacked_bytes += len(payload)
+            if stream_id == 0 or stream_id > self.last_stream_id:
+                raise h2.ProtocolError(f"DATA on idle stream {stream_id}")
+            self._consumed_by_connection(size)  # a stream already ended: dropped
+            if call is not None:
+                self._reset(call, h2.STREAM_CLOSED)
+            return
+        window = call.window
+        window.available -= size
+        if window.available < 0:
+            self._consumed_by_connection(size)
+            self._reset(call, h2.FLOW_CONTROL_ERROR)
+            return
+        credit = 0
         if flags & h2.PADDED:
-            payload = h2.strip_padding(flags, payload)
+            content = h2.strip_padding(flags, payload)
+            credit, payload = size - len(content), content
         try:
-            call._feed(payload)
+            credit += call.receive(payload)
         except CallFailed as exc:
-            self._abort_call(call, exc)
+            self._consumed_by_connection(size)
+            call.abort(exc.status, exc.message)  # then RST_STREAM(NO_ERROR): stop sending
             return
         if flags & h2.END_STREAM:
             self._end_remote(call)
-        elif call._unacked_bytes >= _ACK_STREAM_BYTES:
-            self.write(h2.window_update(stream_id, call._unacked_bytes))
-            call._unacked_bytes = 0
-
-    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise h2.ProtocolError("HEADERS on stream 0")
-        block = h2.strip_padding(flags, payload, priority_bytes=5)
-        if flags & h2.END_HEADERS:
-            self._on_header_block(flags, stream_id, block)
-        else:
-            self._continuation = (stream_id, flags, bytearray(block))
-
-    def _on_continuation(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        assert self._continuation is not None
-        first_stream, first_flags, block = self._continuation
-        if kind != h2.CONTINUATION or stream_id != first_stream:
-            raise h2.ProtocolError("expected CONTINUATION of the open header block")
-        block += payload
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._on_header_block(first_flags, stream_id, bytes(block))
+        if credit:
+            self.consumed(call, credit)
 
     def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
-        headers = self.decoder.decode(block)
+        headers = self.decoder.decode(block)  # always: the HPACK table must stay in step
         call = self.calls.get(stream_id)
         if call is not None:  # trailers from the client end its stream
-            if flags & h2.END_STREAM:
+            if call.remote_closed:
+                self._reset(call, h2.STREAM_CLOSED)
+            elif not flags & h2.END_STREAM:
+                self._reset(call, h2.PROTOCOL_ERROR)
+            else:
                 self._end_remote(call)
             return
         if stream_id <= self.last_stream_id or not stream_id & 1:
-            if stream_id & 1:
-                return  # a late frame for a stream that is gone
-            raise h2.ProtocolError(f"client opened stream {stream_id} (must be odd, increasing)")
+            raise h2.ProtocolError(f"client opened stream {stream_id} after "
+                                   f"{self.last_stream_id} (ids must be odd and increase)")
         self.last_stream_id = stream_id
-        call = ServerCall(self, stream_id, headers, received_ns=time.perf_counter_ns(),
-                          send_window=self.peer_window_bytes)
-        self.calls[stream_id] = call
-        if not self._start(call):
+        limits = self.limits
+        if self.closing or len(self.calls) >= limits.h2_max_concurrent_streams:
+            self.write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
+            if not self.closing:
+                self.abuse.reset_stream("refused past SETTINGS_MAX_CONCURRENT_STREAMS")
             return
-        if flags & h2.END_STREAM:
+        call = ServerCall(self, stream_id, headers, received_ns=time.perf_counter_ns(),
+                          send_window=self.peer_window_bytes,
+                          receive_window=limits.h2_stream_window_bytes,
+                          max_message_bytes=limits.max_message_bytes,
+                          max_messages=limits.h2_max_stream_messages, budget=self.guards.budget)
+        self.calls[stream_id] = call
+        if self._start(call) and flags & h2.END_STREAM:
             self._end_remote(call)
 
     def _start(self, call: ServerCall) -> bool:
         """Check the call can run; client-streaming calls start now, unary ones at their end."""
-        path = call.header(":path") or ""
-        call.path = path
-        if self.closing:
-            self.calls.pop(call.stream_id, None)
-            self.write(h2.rst_stream(call.stream_id, h2.REFUSED_STREAM))
+        call.path = path = call.header(":path") or ""
+        if not (call.header("content-type") or "").startswith("application/grpc"):
+            call.reject(415)  # gRPC over HTTP/2: Unsupported Media Type
             return False
         streaming = self.runner.is_client_streaming(path)
         if streaming is None:
-            call.finish(UNIMPLEMENTED, f"Method not found: {path}")
-            return False
-        if not (call.header("content-type") or "").startswith("application/grpc"):
-            call.finish(INTERNAL, "content-type must be application/grpc")
+            call.finish(_UNIMPLEMENTED, f"Method not found: {path}")
             return False
         if streaming:
             call.task = asyncio.get_running_loop().create_task(self.runner.run(call))
@@ -247,97 +222,37 @@ class GrpcConnection(asyncio.Protocol):
     def _end_remote(self, call: ServerCall) -> None:
         call.remote_closed = True
         if call.finished:
-            self._forget(call)
+            if not call.has_output:
+                self._forget(call)
         elif call.task is None:
-            call.task = asyncio.get_running_loop().create_task(self.runner.run(call))
+            self._starting.append(call)  # after this read: a reset in it costs no work
         else:
-            call._wake()
-
-    def _abort_call(self, call: ServerCall, exc: CallFailed) -> None:
-        if call.task is not None:
-            call.task.cancel()
-        call.remote_closed = True
-        call.finish(exc.status, exc.message)
+            call.wake()
 
     def _on_rst_stream(self, flags: int, stream_id: int, payload: bytes) -> None:
-        call = self.calls.pop(stream_id, None)
+        h2.parse_u32(payload, "RST_STREAM")
+        if stream_id == 0 or stream_id > self.last_stream_id:
+            raise h2.ProtocolError(f"RST_STREAM on idle stream {stream_id}")
+        call = self.calls.get(stream_id)
         if call is None:
             return
-        call.finished = call.remote_closed = True
-        self.blocked.discard(call)
-        if call.task is not None:
-            call.task.cancel()  # the client cancelled or its deadline passed: free the slot
+        if not call.finished:
+            self.abuse.reset_stream("reset by the client before their answer")
+        self._drop(call)  # cancelled, or past its deadline
 
-    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if flags & h2.ACK:
-            return
-        settings = h2.parse_settings(payload)
-        if h2.MAX_FRAME_SIZE in settings:
-            self.peer_max_frame_bytes = settings[h2.MAX_FRAME_SIZE]
-        if h2.INITIAL_WINDOW_SIZE in settings:
-            window = settings[h2.INITIAL_WINDOW_SIZE]
-            if window > h2.MAX_WINDOW_BYTES:
-                raise h2.ProtocolError("initial window too large", h2.FLOW_CONTROL_ERROR)
-            delta, self.peer_window_bytes = window - self.peer_window_bytes, window
-            for call in self.calls.values():
-                call.send_window += delta
-        self.write(h2.frame(h2.SETTINGS, h2.ACK, 0))
-        self._unblock()
-
-    def _on_ping(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if len(payload) != 8:
-            raise h2.ProtocolError("PING payload must be 8 bytes", h2.FRAME_SIZE_ERROR)
-        if not flags & h2.ACK:
-            self.write(h2.frame(h2.PING, h2.ACK, 0, payload))
-
-    def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self.closing = True
-        if not self.calls:
-            self._close()
-
-    def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
-        increment = h2.parse_u32(payload, "WINDOW_UPDATE")
-        if stream_id == 0:
-            self.send_window += increment
-            self._unblock()
-            return
+    def _on_stream_window_update(self, stream_id: int, increment: int) -> None:
         call = self.calls.get(stream_id)
-        if call is not None:
+        if call is None:
+            return
+        if not increment:
+            self._reset(call, h2.PROTOCOL_ERROR)
+        elif call.send_window + increment > h2.MAX_WINDOW_BYTES:
+            self._reset(call, h2.FLOW_CONTROL_ERROR)
+        else:
             call.send_window += increment
             if call in self.blocked:
                 self.send_pending(call)
 
-    def _on_push_promise(self, flags: int, stream_id: int, payload: bytes) -> None:
-        raise h2.ProtocolError("clients must not push")
-
-    def _unblock(self) -> None:
-        for call in list(self.blocked):
-            if self.send_window <= 0:
-                return
-            self.send_pending(call)
-
-    # lifecycle -------------------------------------------------------------------------------
-
-    def shut_down(self) -> None:
-        """Refuse new streams (GOAWAY), finish the open ones, then close."""
-        if self.transport is None:
-            return
-        self.closing = True
-        self.write(h2.goaway(self.last_stream_id, h2.NO_ERROR))
-        if not self.calls:
-            self._flush()
-            self._close()
-
-    def _fail(self, exc: h2.ProtocolError) -> None:
-        log.info("closing a gRPC connection: %s", exc)
-        self.write(h2.goaway(self.last_stream_id, exc.code, str(exc).encode()[:200]))
-        self._flush()
-        self._close()
-
-    def _close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+    def _on_initial_window_change(self, delta: int) -> None:
+        for call in self.calls.values():
+            call.send_window = grow_send_window(call.send_window, delta)

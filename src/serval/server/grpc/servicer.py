@@ -20,6 +20,7 @@ from serval.server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
+_STREAM_SLOTS = 128  # requests of one stream in flight, when the context does not say
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -76,13 +77,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (so they batch); answers come as they finish."""
+        """Requests of one stream run concurrently (so they batch); answers come as they finish.
+
+        At most `max_stream_messages` requests are running or answered-but-unsent at once: a
+        slot is taken before a request is read and given back once its answer has been handed
+        on, so a client that does not read its answers stops having its requests read.
+        """
         token = _token(context)
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_stream(requests, answers, token))
+        slots = asyncio.Semaphore(getattr(context, "max_stream_messages", _STREAM_SLOTS))
+        reader = asyncio.create_task(self._read_stream(requests, answers, token, slots))
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
+                slots.release()
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -130,10 +138,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     async def _read_stream(
         self, requests: AsyncIterator[Any],
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None], token: str | None,
+        slots: asyncio.Semaphore,
     ) -> None:
         running: set[asyncio.Task[None]] = set()
         try:
-            async for request in requests:
+            while True:
+                await slots.acquire()  # released by ModelStreamInfer once the answer is sent
+                request = await anext(requests, None)
+                if request is None:
+                    break
                 task = asyncio.create_task(self._stream_one(request, answers, token))
                 running.add(task)
                 task.add_done_callback(running.discard)

@@ -2,6 +2,11 @@
 
 The connection feeds it the stream's DATA; it splits length-prefixed messages (inflating gzip or
 deflate ones), and queues reply frames that the connection sends as flow control allows.
+
+What it holds is bounded: at most `max_messages` unread messages; a message that arrives whole
+in one frame is credited back to the client's windows only when the call reads it, and one that
+arrives in pieces reserves its announced length against the server-wide receive budget (its
+bytes are credited as they are buffered) until it is read or the call ends.
 """
 
 from __future__ import annotations
@@ -10,18 +15,17 @@ import asyncio
 import struct
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from serval.http2 import frames as h2
+from serval.http2.flow import InboundWindow
 from serval.http2.hpack import Header, encode_headers
-
-if TYPE_CHECKING:
-    from serval.server.grpc.connection import GrpcConnection
+from serval.server.limits import ReceiveBudget
 
 _MESSAGE_PREFIX = struct.Struct(">BL")
 _RESPONSE_HEADERS = b"\x88" + encode_headers([("content-type", "application/grpc")])
 _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
+_DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
 
 # gRPC status codes used by the transport itself
 OK, CANCELLED, INTERNAL, UNIMPLEMENTED, RESOURCE_EXHAUSTED = 0, 1, 13, 12, 8
@@ -35,26 +39,55 @@ class CallFailed(Exception):
         self.status, self.message = status, message
 
 
-@dataclass(eq=False)
+class CallOwner(Protocol):
+    """What a call needs of its connection."""
+
+    write_paused: bool
+
+    def write(self, data: bytes) -> None: ...
+
+    def send_pending(self, call: ServerCall) -> None: ...
+
+    def consumed(self, call: ServerCall, size: int) -> None:
+        """The call no longer holds `size` received bytes: credit the windows."""
+
+
 class ServerCall:
     """One HTTP/2 stream carrying one gRPC call."""
 
-    connection: GrpcConnection
-    stream_id: int
-    headers: list[Header]
-    path: str = ""
-    received_ns: int = 0
-    send_window: int = 0
-    messages: deque[bytes] = field(default_factory=deque)
-    remote_closed: bool = False
-    finished: bool = False
-    task: asyncio.Task[None] | None = None
-    _buffer: bytearray = field(default_factory=bytearray)
-    _waiter: asyncio.Future[None] | None = None
-    _headers_sent: bool = False
-    _pending: deque[bytes] = field(default_factory=deque)
-    _trailers: bytes | None = None
-    _unacked_bytes: int = 0
+    __slots__ = ("__weakref__", "_buffer", "_buffer_reserved", "_drainer", "_headers_sent",
+                 "_pending",
+                 "_pending_bytes", "_read_reserved", "_reserved", "_trailers", "_unread_bytes",
+                 "_waiter", "budget", "finished", "headers", "max_message_bytes", "max_messages",
+                 "messages", "owner", "path", "received_ns", "remote_closed", "send_window",
+                 "stream_id", "task", "window")
+
+    def __init__(self, owner: CallOwner, stream_id: int, headers: list[Header], *,
+                 received_ns: int, send_window: int, receive_window: int,
+                 max_message_bytes: int, max_messages: int, budget: ReceiveBudget) -> None:
+        self.owner, self.stream_id, self.headers = owner, stream_id, headers
+        self.path = ""
+        self.received_ns = received_ns
+        self.send_window = send_window
+        self.window = InboundWindow(receive_window)
+        self.max_message_bytes, self.max_messages, self.budget = (
+            max_message_bytes, max_messages, budget)
+        # (message, window credit due when read, budget bytes reserved)
+        self.messages: deque[tuple[bytes, int, int]] = deque()
+        self.remote_closed = False
+        self.finished = False
+        self.task: asyncio.Task[None] | None = None
+        self._buffer = bytearray()
+        self._buffer_reserved = 0  # reserved for the message being assembled
+        self._reserved = 0  # all budget bytes this call holds
+        self._read_reserved = 0  # of them, the last read message's
+        self._unread_bytes = 0  # window credit owed for unread queued messages
+        self._waiter: asyncio.Future[None] | None = None
+        self._drainer: asyncio.Future[None] | None = None
+        self._headers_sent = False
+        self._pending: deque[bytes] = deque()
+        self._pending_bytes = 0
+        self._trailers: bytes | None = None
 
     # reading ---------------------------------------------------------------------------------
 
@@ -68,6 +101,24 @@ class ServerCall:
                 return value
         return None
 
+    @property
+    def message_count(self) -> int:
+        return len(self.messages)
+
+    def next_message(self) -> bytes | None:
+        """The next received message, or None; its bytes are credited back to the client."""
+        if not self.messages:
+            return None
+        message, credit, reserved = self.messages.popleft()
+        if self._read_reserved:
+            self._reserved -= self._read_reserved
+            self.budget.release(self._read_reserved)
+        self._read_reserved = reserved
+        if credit:
+            self._unread_bytes -= credit
+            self.owner.consumed(self, credit)
+        return message
+
     async def read(self) -> bytes | None:
         """The next request message; None once the client has finished sending."""
         while not self.messages:
@@ -78,41 +129,73 @@ class ServerCall:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self.messages.popleft()
+        return self.next_message()
 
-    def _feed(self, data: bytes) -> None:
-        """Split received bytes into length-prefixed gRPC messages."""
+    def receive(self, data: bytes) -> int:
+        """Take one DATA frame's content; returns the bytes to credit back now (buffered ones)."""
         buffer = self._buffer
         if not buffer and len(data) >= 5 and _MESSAGE_PREFIX.unpack_from(data)[1] == len(data) - 5:
-            self._deliver(data[0], data[5:])  # the usual case: one whole message in one frame
-            return
+            self._deliver(data[0], data[5:], len(data), 0)  # the usual case: one whole message
+            return 0
         buffer += data
         while len(buffer) >= 5:
             compressed, length = _MESSAGE_PREFIX.unpack_from(buffer)
-            self._check_size(length)
+            if not self._buffer_reserved:
+                self._check_size(length)
+                if not self.budget.reserve(length + 5):
+                    raise CallFailed(RESOURCE_EXHAUSTED, self.budget.refusal_message(length))
+                self._buffer_reserved = length + 5
+                self._reserved += length + 5
             if len(buffer) < 5 + length:
-                return
+                break
             message = bytes(buffer[5:5 + length])
             del buffer[:5 + length]
-            self._deliver(compressed, message)
+            reserved, self._buffer_reserved = self._buffer_reserved, 0
+            self._deliver(compressed, message, 0, reserved)
+        return len(data)
 
     def _check_size(self, length: int) -> None:
-        limit = self.connection.max_message_bytes
-        if length > limit:
-            raise CallFailed(RESOURCE_EXHAUSTED,
-                             f"received message larger than max ({length} vs. {limit})")
+        if length > self.max_message_bytes:
+            raise CallFailed(RESOURCE_EXHAUSTED, f"received message larger than max "
+                                                 f"({length} vs. {self.max_message_bytes})")
 
-    def _deliver(self, compressed: int, message: bytes) -> None:
+    def _deliver(self, compressed: int, message: bytes, credit: int, reserved: int) -> None:
         self._check_size(len(message))
+        if len(self.messages) >= self.max_messages:
+            raise CallFailed(RESOURCE_EXHAUSTED, f"more than {self.max_messages} request "
+                                                 "messages of one stream waiting to be read")
         if compressed:
             message = _decompress(message, self.header("grpc-encoding") or "identity",
-                                  self.connection.max_message_bytes)
-        self.messages.append(message)
-        self._wake()
+                                  self.max_message_bytes)
+        self.messages.append((message, credit, reserved))
+        self._unread_bytes += credit
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def release(self) -> int:
+        """Give back what the call holds (budget, unread messages); returns their window credit."""
+        if self._reserved:
+            self.budget.release(self._reserved)
+            self._reserved = self._read_reserved = self._buffer_reserved = 0
+        unread, self._unread_bytes = self._unread_bytes, 0
+        self.messages.clear()
+        self._buffer.clear()
+        return unread
+
+    def close(self) -> int:
+        """The stream is gone (reset, connection lost): stop the call, drop what it holds."""
+        self.finished = self.remote_closed = True
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._trailers = None
+        self.wake_writer()
+        return self.release()
 
     # writing ---------------------------------------------------------------------------------
 
@@ -121,10 +204,24 @@ class ServerCall:
             return
         if not self._headers_sent:
             self._headers_sent = True
-            self.connection.write(h2.frame(h2.HEADERS, h2.END_HEADERS, self.stream_id,
-                                           _RESPONSE_HEADERS))
+            self.owner.write(h2.frame(h2.HEADERS, h2.END_HEADERS, self.stream_id,
+                                      _RESPONSE_HEADERS))
         self._pending.append(_MESSAGE_PREFIX.pack(0, len(payload)) + payload)
-        self.connection.send_pending(self)
+        self._pending_bytes += 5 + len(payload)
+        self.owner.send_pending(self)
+
+    async def drain(self) -> None:
+        """Wait while the client does not take our replies (flow control, or a full socket)."""
+        while (self._pending_bytes > _DRAIN_BYTES or self.owner.write_paused) and not self.finished:
+            self._drainer = asyncio.get_running_loop().create_future()
+            try:
+                await self._drainer
+            finally:
+                self._drainer = None
+
+    def wake_writer(self) -> None:
+        if self._drainer is not None and not self._drainer.done():
+            self._drainer.set_result(None)
 
     def finish(self, status: int, message: str = "") -> None:
         """End the call with a status (trailers; trailers-only when nothing was sent)."""
@@ -134,16 +231,35 @@ class ServerCall:
         trailers = [("grpc-status", str(status))]
         if message:
             trailers.append(("grpc-message", percent_encode(message)))
-        if self._headers_sent:
-            self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                      encode_headers(trailers))
-        else:
-            self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                      _RESPONSE_HEADERS + encode_headers(trailers))
-        self.connection.send_pending(self)
+        block = encode_headers(trailers)
+        if not self._headers_sent:
+            block = _RESPONSE_HEADERS + block
+        self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
+                                  block)
+        self.owner.send_pending(self)
 
-    def _take_sendable(self, connection_window: int,
-                       max_frame_bytes: int) -> tuple[list[bytes], int]:
+    def abort(self, status: int, message: str) -> None:
+        """End the call now with a status: replies not yet sent are dropped."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+        self._pending.clear()
+        self._pending_bytes = 0
+        self.finish(status, message)
+
+    def reject(self, http_status: int) -> None:
+        """Answer with a bare HTTP status (e.g. 415 for a request that is not gRPC)."""
+        self.finished = True
+        self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
+                                  encode_headers([(":status", str(http_status))]))
+        self.owner.send_pending(self)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._pending) or self._trailers is not None
+
+    def take_sendable(self, connection_window: int,
+                      max_frame_bytes: int) -> tuple[list[bytes], int]:
         """DATA frames (then trailers) that the flow-control windows allow now, and their size."""
         out: list[bytes] = []
         window = connection_window
@@ -151,7 +267,7 @@ class ServerCall:
         while pending:
             allowed = min(self.send_window, window, max_frame_bytes)
             if allowed <= 0:
-                return out, connection_window - window
+                break
             chunk = pending[0]
             if len(chunk) <= allowed:
                 pending.popleft()
@@ -161,10 +277,15 @@ class ServerCall:
             self.send_window -= len(chunk)
             window -= len(chunk)
             out.append(h2.frame(h2.DATA, 0, self.stream_id, chunk))
-        if self._trailers is not None:
+        sent = connection_window - window
+        if sent:
+            self._pending_bytes -= sent
+            if self._drainer is not None and self._pending_bytes <= _DRAIN_BYTES:
+                self.wake_writer()
+        if not pending and self._trailers is not None:
             out.append(self._trailers)
             self._trailers = None
-        return out, connection_window - window
+        return out, sent
 
 
 def _decompress(message: bytes, encoding: str, limit_bytes: int) -> bytes:
