@@ -150,17 +150,26 @@ class DataPlane:
                     "(--max-tensor-elements)"
                 )
 
-    def admit(self, name: str, version: str | None) -> None:
+    def admit(self, name: str, version: str | None, deadline_ns: int | None = None) -> None:
         """Refuse at once (429) what infer would refuse for load, before the request is decoded:
-        under overload a refusal must cost far less than an answer."""
+        under overload a refusal must cost far less than an answer.
+
+        `deadline_ns` (perf_counter_ns) is the transport's (gRPC deadline, Serval-Timeout-Ms);
+        without one the server's --default-timeout-ms applies (a `parameters.timeout` in the
+        body is not known yet). A request that could not be answered by then, given the queue
+        ahead of it and the model's measured batch times, is refused with a Retry-After.
+        """
         self._check_inflight()
         try:
             served = self.registry.get(name, version)
         except ServalError:
             return  # infer reports it
-        if served.batcher is not None:
+        batcher = served.batcher
+        if batcher is not None:
+            if deadline_ns is None and self.default_timeout_ns:
+                deadline_ns = time.perf_counter_ns() + self.default_timeout_ns
             try:
-                served.batcher.check_capacity()
+                batcher.check_capacity(deadline_ns)
             except Overloaded as exc:
                 served.stats.record_request(exc.code.value, 0)
                 raise

@@ -140,11 +140,11 @@ class HttpApp:
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
     ) -> Reply:
         received_ns = time.perf_counter_ns()
-        self.dataplane.admit(name, version)
         header_length, encoding, timeout_ms = _infer_headers(headers)
+        deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
+        self.dataplane.admit(name, version, deadline_ns)
         request = decode_request(_decompress(body, encoding, self.max_body_bytes),
                                  header_length)
-        deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = encode_response(response, request)
         if json_length is None:
