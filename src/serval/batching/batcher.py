@@ -38,6 +38,9 @@ from serval.protocol.types import TensorDict
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
+# Admit only if the expected wait fits in 1/1.25 of the time left: the rest is for what the
+# estimate leaves out (reading and decoding before, encoding and writing after, estimate noise).
+ADMISSION_HEADROOM = 1.25
 
 
 class Batcher:
@@ -124,7 +127,7 @@ class Batcher:
             return
         now_ns = self._clock()
         wait_ns = self.expected_wait_ns(now_ns)
-        retry_after_s = refusal_retry_after_s(now_ns, deadline_ns, wait_ns)
+        retry_after_s = refusal_retry_after_s(now_ns, deadline_ns, wait_ns, ADMISSION_HEADROOM)
         if retry_after_s:
             raise Overloaded(
                 f"model '{self._stats.name}' cannot answer before the request's deadline: "

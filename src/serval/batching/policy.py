@@ -118,11 +118,11 @@ def batch_ns(times: ServiceTimes, rows: int) -> float | None:
     any batch was measured.
     """
     index = size_class(rows)
-    order = sorted(range(SIZE_CLASSES), key=lambda i: (abs(i - index), i))
-    for nearest in order:
-        measured_rows = times.rows[nearest]
-        if measured_rows > 0.0:
-            return times.ns[nearest] * max(1.0, rows / measured_rows)
+    measured = times.rows
+    for distance in range(SIZE_CLASSES):
+        for nearest in (index - distance, index + distance):
+            if 0 <= nearest < SIZE_CLASSES and measured[nearest] > 0.0:
+                return times.ns[nearest] * max(1.0, rows / measured[nearest])
     return None
 
 
