@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT_S = 75.0
 _LINGER_S = 2.0
+_TOO_EARLY_BODY = error_body("this connection was refused with 429 and sent again before its "
+                             "Retry-After elapsed; refused again (wait Retry-After seconds)")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
@@ -69,6 +71,8 @@ class HttpProtocol(asyncio.Protocol):
         self.idle_timer: asyncio.TimerHandle | None = None
         self.closing = False
         self.discarding = False
+        self.retry_at = 0.0  # loop time before which a request here is refused again (429)
+        self.retry_after = b"1"
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -160,8 +164,16 @@ class HttpProtocol(asyncio.Protocol):
         try:
             while self.pending and self.transport is not None:
                 request = self.pending.popleft()
-                reply = await self.app.handle(request.method, request.path, request.headers,
-                                              request.body, request.query)
+                early = self.retry_at - asyncio.get_running_loop().time() if self.retry_at else 0
+                if early > 0:
+                    await asyncio.sleep(early)  # a client ignoring Retry-After: no work for it
+                    reply: Reply = (429, _TOO_EARLY_BODY,
+                                    [*JSON_HEADERS, (b"retry-after", self.retry_after)])
+                else:
+                    reply = await self.app.handle(request.method, request.path, request.headers,
+                                                  request.body, request.query)
+                if reply[0] == 429:
+                    self._note_refusal(reply[2])
                 self._write(reply, request.keep_alive and not self.closing,
                             head=request.method == "HEAD")
                 if not request.keep_alive or self.closing:
@@ -170,6 +182,14 @@ class HttpProtocol(asyncio.Protocol):
         finally:
             self.handler = None
             self._arm_idle_timer()
+
+    def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """A request sent here before the Retry-After just given is refused when it elapses,
+        unread by the app: a client that hammers after a 429 gets one answer per Retry-After."""
+        for name, value in headers:
+            if name == b"retry-after":
+                self.retry_after = value
+                self.retry_at = asyncio.get_running_loop().time() + float(value)
 
     def _write(self, reply: Reply, keep_alive: bool, head: bool = False) -> None:
         """One write; a HEAD answer has the headers a GET would, and no body."""
