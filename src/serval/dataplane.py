@@ -150,14 +150,16 @@ class DataPlane:
                     "(--max-tensor-elements)"
                 )
 
-    def admit(self, name: str, version: str | None, deadline_ns: int | None = None) -> None:
+    def admit(self, name: str, version: str | None, deadline_ns: int | None = None,
+              own_timeout: bool = False) -> None:
         """Refuse at once (429) what infer would refuse for load, before the request is decoded:
         under overload a refusal must cost far less than an answer.
 
         `deadline_ns` (perf_counter_ns) is the transport's (gRPC deadline, Serval-Timeout-Ms);
-        without one the server's --default-timeout-ms applies (a `parameters.timeout` in the
-        body is not known yet). A request that could not be answered by then, given the queue
-        ahead of it and the model's measured batch times, is refused with a Retry-After.
+        without one the server's --default-timeout-ms applies, unless the request may set its
+        own `parameters.timeout` (`own_timeout`: not known before decoding; the batcher judges
+        it then). A request that could not be answered by its deadline, given the queue ahead
+        of it and the model's measured batch times, is refused with a Retry-After.
         """
         self._check_inflight()
         try:
@@ -166,7 +168,7 @@ class DataPlane:
             return  # infer reports it
         batcher = served.batcher
         if batcher is not None:
-            if deadline_ns is None and self.default_timeout_ns:
+            if deadline_ns is None and self.default_timeout_ns and not own_timeout:
                 deadline_ns = time.perf_counter_ns() + self.default_timeout_ns
             try:
                 batcher.check_capacity(deadline_ns)
@@ -242,6 +244,13 @@ class DataPlane:
             for step_output, tensor in step.outputs.items():
                 tensors[tensor] = response.outputs[step_output]
         return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
+
+
+def may_set_timeout(body: bytes, json_length: int | None, encoding: bytes) -> bool:
+    """Whether a REST body might carry `parameters.timeout` (judged without decoding it)."""
+    if encoding not in (b"", b"identity"):
+        return True
+    return b'"timeout"' in (body if json_length is None else body[:json_length])
 
 
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -101,10 +101,11 @@ class Batcher:
         return self._running
 
     async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
-        """Queue one request and wait for its own rows of the batch output."""
+        """Queue one request and wait for its own rows of the batch output (Overloaded at once
+        if its deadline could not be met: see check_capacity)."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
-        self.check_capacity()
+        self.check_capacity(deadline_ns)
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         request = PendingRequest(
