@@ -14,7 +14,7 @@ import pytest
 
 from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.batching.batcher import Batcher
+from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
 from serval.config import load_model_config
 from serval.errors import BackendError, DeadlineExceeded, Overloaded, ServerUnavailable
 from serval.observability.stats import ModelStats
@@ -214,7 +214,8 @@ def test_a_deadline_the_queue_ahead_would_miss_is_refused_at_once(tmp_path: Path
             await asyncio.sleep(0)
             now[0] += 10 * MS
             wait = batcher.expected_wait_ns(now[0])
-            batcher.check_capacity(deadline_ns=now[0] + 175 * MS)  # 140 ms x 1.25 headroom fits
+            fits = int(140 * MS * ADMISSION_HEADROOM)
+            batcher.check_capacity(deadline_ns=now[0] + fits)  # 140 ms and the headroom
             refused = missed = None
             try:
                 batcher.check_capacity(deadline_ns=now[0] + 100 * MS)
@@ -233,8 +234,9 @@ def test_a_deadline_the_queue_ahead_would_miss_is_refused_at_once(tmp_path: Path
     wait, refused, missed = asyncio.run(main())
     assert wait == pytest.approx(140 * MS)
     assert refused is not None and "cannot answer before the request's deadline" in refused.message
-    assert refused.retry_after_s == pytest.approx(0.075)
-    assert missed is not None and missed.retry_after_s == pytest.approx(0.175)
+    assert refused.retry_after_s == pytest.approx(0.140 * ADMISSION_HEADROOM - 0.100)
+    assert missed is not None
+    assert missed.retry_after_s == pytest.approx(0.140 * ADMISSION_HEADROOM, abs=1e-6)
     assert len(model.batches) == 3  # nothing refused was queued
 
 
