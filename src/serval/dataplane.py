@@ -246,6 +246,16 @@ class DataPlane:
         return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
 
 
+MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry
+
+
+def deadline_after(received_ns: int, timeout_ms: float | None) -> int | None:
+    """The deadline (perf_counter_ns) of a timeout counted from received_ns; huge ones capped."""
+    if timeout_ms is None:
+        return None
+    return received_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1_000_000)
+
+
 def may_set_timeout(body: bytes, json_length: int | None, encoding: bytes) -> bool:
     """Whether a REST body might carry `parameters.timeout` (judged without decoding it)."""
     if encoding not in (b"", b"identity"):

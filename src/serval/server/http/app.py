@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from serval.auth import Action, TokenStore, bearer
 from serval.config import TransportLimits
-from serval.dataplane import DataPlane, may_set_timeout
+from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError
 from serval.observability.status import ServerStatus
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
@@ -141,7 +141,7 @@ class HttpApp:
     ) -> Reply:
         received_ns = time.perf_counter_ns()
         header_length, encoding, timeout_ms = _infer_headers(headers)
-        deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
+        deadline_ns = deadline_after(received_ns, timeout_ms)
         self.dataplane.admit(name, version, deadline_ns,
                              may_set_timeout(body, header_length, encoding))
         request = decode_request(_decompress(body, encoding, self.max_body_bytes),
