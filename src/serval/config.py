@@ -32,7 +32,7 @@ class BatchingConfig(_Strict):
 
     max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
     max_queue_size: int = Field(
-        1024, ge=1, description="requests waiting beyond this are refused with 429"
+        4096, ge=1, description="requests waiting beyond this are refused with 429"
     )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
 

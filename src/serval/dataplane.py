@@ -158,17 +158,28 @@ class DataPlane:
                     "(--max-tensor-elements)"
                 )
 
-    def admit(self, name: str, version: str | None) -> None:
+    def admit(self, name: str, version: str | None, deadline_ns: int | None = None,
+              own_timeout: bool = False) -> None:
         """Refuse at once (429) what infer would refuse for load, before the request is decoded:
-        under overload a refusal must cost far less than an answer."""
+        under overload a refusal must cost far less than an answer.
+
+        `deadline_ns` (perf_counter_ns) is the transport's (gRPC deadline, Serval-Timeout-Ms);
+        without one the server's --default-timeout-ms applies, unless the request may set its
+        own `parameters.timeout` (`own_timeout`: not known before decoding; the batcher judges
+        it then). A request that could not be answered by its deadline, given the queue ahead
+        of it and the model's measured batch times, is refused with a Retry-After.
+        """
         self._check_inflight()
         try:
             served = self.registry.get(name, version)
         except ServalError:
             return  # infer reports it
-        if served.batcher is not None:
+        batcher = served.batcher
+        if batcher is not None:
+            if deadline_ns is None and self.default_timeout_ns and not own_timeout:
+                deadline_ns = time.perf_counter_ns() + self.default_timeout_ns
             try:
-                served.batcher.check_capacity()
+                batcher.check_capacity(deadline_ns)
             except Overloaded as exc:
                 served.stats.record_request(exc.code.value, 0)
                 raise
@@ -241,6 +252,23 @@ class DataPlane:
             for step_output, tensor in step.outputs.items():
                 tensors[tensor] = response.outputs[step_output]
         return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
+
+
+MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry
+
+
+def deadline_after(received_ns: int, timeout_ms: float | None) -> int | None:
+    """The deadline (perf_counter_ns) of a timeout counted from received_ns; huge ones capped."""
+    if timeout_ms is None:
+        return None
+    return received_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1_000_000)
+
+
+def may_set_timeout(body: bytes, json_length: int | None, encoding: bytes) -> bool:
+    """Whether a REST body might carry `parameters.timeout` (judged without decoding it)."""
+    if encoding not in (b"", b"identity"):
+        return True
+    return b'"timeout"' in (body if json_length is None else body[:json_length])
 
 
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import orjson
 import pytest
 
@@ -40,3 +44,54 @@ def test_refused_connections_are_counted_and_the_run_ends() -> None:
     result = run_closed_loop("127.0.0.1", free_port(), [_linear_request()], concurrency=2,
                              duration_s=0.3, warmup_s=0.0)
     assert result.requests == 0 and result.errors.get("connection", 0) > 0
+
+
+def _always_429(port_holder: list[int], stop: threading.Event) -> None:
+    """A server answering every request on every connection 429, Retry-After: 1."""
+    reply = (b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 0\r\n\r\n")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    port_holder.append(listener.getsockname()[1])
+
+    def serve(conn: socket.socket) -> None:
+        conn.settimeout(0.1)
+        with conn:
+            while not stop.is_set():
+                try:
+                    data = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not data:
+                    return
+                conn.sendall(reply * data.count(b"HTTP/1.1\r\n"))
+
+    with listener:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+@pytest.mark.parametrize("polite", [False, True])
+def test_a_polite_client_waits_retry_after_a_storm_does_not(polite: bool) -> None:
+    port: list[int] = []
+    stop = threading.Event()
+    server = threading.Thread(target=_always_429, args=(port, stop), daemon=True)
+    server.start()
+    while not port:
+        time.sleep(0.01)
+    try:
+        result = run_closed_loop("127.0.0.1", port[0], [_linear_request()], concurrency=2,
+                                 duration_s=1.5, warmup_s=0.0, honour_retry_after=polite)
+    finally:
+        stop.set()
+        server.join(timeout=5)
+    refused = result.errors.get("http_429", 0)
+    if polite:
+        assert 2 <= refused <= 2 * 2  # each client: at once, then after 1 s
+    else:
+        assert refused > 50

@@ -10,11 +10,18 @@ import numpy as np
 import pytest
 
 from serval.batching.policy import (
+    SIZE_CLASSES,
     PendingRequest,
+    ServiceTimes,
+    batch_ns,
     dispatch_delay_ns,
+    expected_wait_ns,
     is_live,
     merged_rows,
+    record_batch,
+    refusal_retry_after_s,
     signature_of,
+    size_class,
     take_batch,
 )
 from serval.batching.tensors import concat_inputs, split_outputs
@@ -213,3 +220,83 @@ def test_split_rejects_an_engine_row_count_that_does_not_match(
         split_outputs(outputs, [1, 3], "broken")
     assert fragment in caught.value.message
     assert "model 'broken'" in caught.value.message
+
+
+# --- admission by expected wait ----------------------------------------------------------------
+
+MS = 1_000_000
+
+
+def measured(*batches: tuple[int, int]) -> ServiceTimes:
+    """Service times after these (rows, ns) batches."""
+    times = ServiceTimes.empty()
+    for rows, ns in batches:
+        record_batch(times, rows, ns)
+    return times
+
+
+def test_size_classes_are_powers_of_two_and_capped() -> None:
+    assert [size_class(r) for r in (1, 2, 3, 4, 5, 8, 9, 128, 129)] == [0, 1, 2, 2, 3, 3, 4, 7, 8]
+    assert size_class(10**9) == SIZE_CLASSES - 1
+
+
+def test_the_first_batch_sets_its_class_and_later_ones_move_it_by_the_ewma() -> None:
+    times = measured((128, 30 * MS))
+    assert batch_ns(times, 128) == 30 * MS
+    record_batch(times, 128, 40 * MS, alpha=0.5)
+    assert batch_ns(times, 128) == 35 * MS
+
+
+def test_nothing_measured_gives_no_estimate_and_no_refusal() -> None:
+    times = ServiceTimes.empty()
+    assert batch_ns(times, 8) is None
+    wait = expected_wait_ns(times, queued_rows=10_000, rows=1, max_batch_rows=128,
+                            instances=1, running_left_ns=0.0)
+    assert wait is None
+    assert refusal_retry_after_s(0, 1, wait) == 0.0
+
+
+def test_unmeasured_sizes_scale_from_the_nearest_measured_class() -> None:
+    times = measured((16, 10 * MS))
+    assert batch_ns(times, 64) == 40 * MS  # in proportion to the rows, above
+    assert batch_ns(times, 1) == 10 * MS  # never below a measured batch's time, below
+
+
+def test_expected_wait_counts_full_batches_the_partial_one_and_the_running_remainder() -> None:
+    times = measured((128, 30 * MS), (4, 5 * MS))
+    # 260 queued + 1 of ours = two full batches of 128 and one of 5 rows (scaled from 4 rows).
+    wait = expected_wait_ns(times, queued_rows=260, rows=1, max_batch_rows=128, instances=1,
+                            running_left_ns=12 * MS)
+    assert wait == pytest.approx(12 * MS + 2 * 30 * MS + 5 * MS * 5 / 4)
+
+
+def test_instances_share_the_queue() -> None:
+    times = measured((128, 30 * MS))
+    one = expected_wait_ns(times, 1023, 1, 128, 1, 0.0)
+    two = expected_wait_ns(times, 1023, 1, 128, 2, 0.0)
+    assert one == 8 * 30 * MS and two == 4 * 30 * MS
+
+
+def test_unbatched_models_wait_one_run_per_request_ahead() -> None:
+    times = measured((1, 2 * MS))
+    assert expected_wait_ns(times, 9, 1, 1, 1, 0.0) == 10 * 2 * MS
+
+
+def test_a_request_whose_deadline_the_wait_meets_is_admitted() -> None:
+    now = 1_000 * MS
+    assert refusal_retry_after_s(now, now + 100 * MS, 99 * MS) == 0.0
+    assert refusal_retry_after_s(now, now + 100 * MS, 100 * MS) == 0.0
+    assert refusal_retry_after_s(now, None, 10**12) == 0.0  # no deadline: nothing to miss
+
+
+def test_a_request_whose_deadline_the_wait_misses_is_refused_with_the_excess_as_retry_after(
+) -> None:
+    now = 1_000 * MS
+    assert refusal_retry_after_s(now, now + 100 * MS, 350 * MS) == pytest.approx(0.25)
+    assert refusal_retry_after_s(now, now - 5 * MS, 10 * MS) == pytest.approx(0.015)
+
+
+def test_headroom_refuses_waits_close_to_the_deadline() -> None:
+    now = 0
+    assert refusal_retry_after_s(now, 100 * MS, 90 * MS, headroom=1.0) == 0.0
+    assert refusal_retry_after_s(now, 100 * MS, 90 * MS, headroom=1.25) == pytest.approx(0.0125)

@@ -14,9 +14,9 @@ import pytest
 
 from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.batching.batcher import Batcher
+from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
 from serval.config import load_model_config
-from serval.errors import BackendError, DeadlineExceeded, ServerUnavailable
+from serval.errors import BackendError, DeadlineExceeded, Overloaded, ServerUnavailable
 from serval.observability.stats import ModelStats
 from serval.protocol.types import TensorDict
 from tests import fixture_models
@@ -184,6 +184,60 @@ def test_deadline_passing_while_queued_behind_a_busy_engine(tmp_path: Path) -> N
     assert isinstance(queued, DeadlineExceeded)
     np.testing.assert_array_equal(model.rows_seen("x"), features(1))
     assert stats.inference_count == 1
+
+
+MS = 1_000_000
+
+
+def test_a_deadline_the_queue_ahead_would_miss_is_refused_at_once(tmp_path: Path) -> None:
+    """Measured batch times (injected clock) decide: 1 row took 30 ms, so a running batch 10 ms
+    in has 20 ms left and 3 queued + 1 new row are a 4-row batch of ~120 ms: 140 ms to wait."""
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+    now = [0]
+
+    async def main() -> tuple[float | None, Overloaded | None, Overloaded | None]:
+        batcher = Batcher(model, stats, clock=lambda: now[0])
+        try:
+            batcher.check_capacity(deadline_ns=1)  # nothing measured yet: no grounds to refuse
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(1)}))
+            await model.busy()
+            now[0] = 30 * MS
+            model.open()
+            await first  # one row measured at 30 ms
+            model.hold()
+            running = asyncio.create_task(batcher.infer({"x": features(2)}))
+            await model.busy()
+            queued = [asyncio.create_task(batcher.infer({"x": features(3 + i)}))
+                      for i in range(3)]
+            await asyncio.sleep(0)
+            now[0] += 10 * MS
+            wait = batcher.expected_wait_ns(now[0])
+            fits = int(140 * MS * ADMISSION_HEADROOM)
+            batcher.check_capacity(deadline_ns=now[0] + fits)  # 140 ms and the headroom
+            refused = missed = None
+            try:
+                batcher.check_capacity(deadline_ns=now[0] + 100 * MS)
+            except Overloaded as exc:
+                refused = exc
+            try:
+                batcher.check_capacity(deadline_ns=now[0] - 1)
+            except Overloaded as exc:
+                missed = exc
+            model.open()
+            await asyncio.gather(running, *queued)
+            return wait, refused, missed
+        finally:
+            await batcher.close()
+
+    wait, refused, missed = asyncio.run(main())
+    assert wait == pytest.approx(140 * MS)
+    assert refused is not None and "cannot answer before the request's deadline" in refused.message
+    assert refused.retry_after_s == pytest.approx(0.140 * ADMISSION_HEADROOM - 0.100)
+    assert missed is not None
+    assert missed.retry_after_s == pytest.approx(0.140 * ADMISSION_HEADROOM, abs=1e-6)
+    assert len(model.batches) == 3  # nothing refused was queued
 
 
 def test_cancelled_request_is_dropped_before_compute(tmp_path: Path) -> None:

@@ -72,3 +72,88 @@ def is_live(request: PendingRequest, now_ns: int) -> bool:
 
 def merged_rows(batch: list[PendingRequest]) -> int:
     return sum(request.rows for request in batch)
+
+
+# --- admission by expected wait ----------------------------------------------------------------
+
+SIZE_CLASSES = 16  # batches of 1, 2, 3-4, 5-8, ... rows: one service-time estimate each
+EWMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class ServiceTimes:
+    """How long the engine takes per batch: an EWMA of nanoseconds and rows per size class.
+
+    A batch's time is measured from the moment its consumer was free to take it (so the event
+    loop's own delays under load count: they slow the queue down just as much).
+    """
+
+    ns: list[float]
+    rows: list[float]
+
+    @classmethod
+    def empty(cls) -> ServiceTimes:
+        return cls([0.0] * SIZE_CLASSES, [0.0] * SIZE_CLASSES)
+
+
+def size_class(rows: int) -> int:
+    return min(SIZE_CLASSES - 1, max(0, rows - 1).bit_length())
+
+
+def record_batch(times: ServiceTimes, rows: int, ns: int, alpha: float = EWMA_ALPHA) -> None:
+    """Fold one measured batch into its size class (the first one sets it)."""
+    index = size_class(rows)
+    if times.rows[index] == 0.0:
+        times.ns[index], times.rows[index] = float(ns), float(rows)
+    else:
+        times.ns[index] += alpha * (ns - times.ns[index])
+        times.rows[index] += alpha * (rows - times.rows[index])
+
+
+def batch_ns(times: ServiceTimes, rows: int) -> float | None:
+    """Expected time of a batch of `rows`, from its own size class or the nearest measured one.
+
+    Scaled in proportion to the rows when larger than what was measured, never below a
+    measured batch's time when smaller (a batch costs at least its fixed overhead); None until
+    any batch was measured.
+    """
+    index = size_class(rows)
+    measured = times.rows
+    for distance in range(SIZE_CLASSES):
+        for nearest in (index - distance, index + distance):
+            if 0 <= nearest < SIZE_CLASSES and measured[nearest] > 0.0:
+                return times.ns[nearest] * max(1.0, rows / measured[nearest])
+    return None
+
+
+def expected_wait_ns(times: ServiceTimes, queued_rows: int, rows: int, max_batch_rows: int,
+                     instances: int, running_left_ns: float) -> float | None:
+    """How long until a request of `rows` arriving now has its answer.
+
+    The rows queued ahead of it and its own go in full batches of max_batch_rows and one
+    partial batch, after what the running batches still have to do; `instances` consumers
+    share that work. None while nothing was measured (admit: no grounds to refuse).
+    """
+    full_batches, rest = divmod(queued_rows + rows, max_batch_rows)
+    per_full = batch_ns(times, max_batch_rows)
+    if per_full is None:
+        return None
+    partial = (batch_ns(times, rest) or 0.0) if rest else 0.0
+    work = full_batches * per_full + partial
+    return (running_left_ns + work) / max(1, instances)
+
+
+def refusal_retry_after_s(now_ns: int, deadline_ns: int | None, wait_ns: float | None,
+                          headroom: float = 1.0) -> float:
+    """0.0 to admit; else seconds until the queue ahead should have drained enough.
+
+    A request is refused when its expected wait (times `headroom`) would end past its deadline:
+    queueing it would only make it, and those behind it, late.
+    """
+    if deadline_ns is None or wait_ns is None:
+        return 0.0
+    budget_ns = deadline_ns - now_ns
+    excess_ns = wait_ns * headroom - budget_ns
+    if excess_ns <= 0:
+        return 0.0
+    return excess_ns / 1e9

@@ -59,6 +59,10 @@ def loadtest_command(
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
                                  help="Measure the generator's own ceiling first."),
     output: Path = typer.Option(None, "--output", "-o", help="Write results as JSON here."),
+    honour_retry_after: bool = typer.Option(
+        False, "--honour-retry-after",
+        help="HTTP closed loop: a client answered 429 waits its Retry-After before sending "
+             "again (default: at once, a retry storm)."),
 ) -> None:
     """Measure throughput and latency (p50/p90/p99/p99.9) at each load level."""
     levels = parse_numbers(concurrency, "--concurrency") if concurrency else []
@@ -72,7 +76,7 @@ def loadtest_command(
                         duration_s=duration_s, warmup_s=warmup_s, processes=processes,
                         input_file=input_file, batch=batch, binary=not json_body,
                         timeout_s=timeout_s, hardware=hardware, label=label,
-                        metadata_url=metadata_url)
+                        metadata_url=metadata_url, honour_retry_after=honour_retry_after)
     console = Console()
     results = _run(spec, console, ceiling)
     console.print(results_table(results))

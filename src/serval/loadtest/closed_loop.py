@@ -10,6 +10,9 @@ after the warm-up, shipped to the parent as int64 nanoseconds and merged there (
 Throughput counts each successful request by the share of its life inside the measured window,
 so it does not jump by a whole batch when a batching server answers 64 clients at once.
 
+A 429 is sent again at once (a retry storm) unless `honour_retry_after`: then that client waits
+the answer's Retry-After (seconds; 1 if absent) before its next request, as a polite client does.
+
 Broken connections are reopened and counted; every run ends within
 warmup + duration + per-request timeout (+ connect time and a few seconds).
 """
@@ -57,6 +60,7 @@ class _Plan:
     warmup_s: float
     duration_s: float
     timeout_s: float
+    honour_retry_after: bool = False
 
     def run_bound_s(self) -> float:
         """The longest one process may take once its clients are connected."""
@@ -65,7 +69,8 @@ class _Plan:
 
 def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: int,
                     duration_s: float, warmup_s: float = 1.0, processes: int = 1,
-                    timeout_s: float = DEFAULT_TIMEOUT_S) -> StepResult:
+                    timeout_s: float = DEFAULT_TIMEOUT_S,
+                    honour_retry_after: bool = False) -> StepResult:
     """Drive `concurrency` clients for warmup_s + duration_s; report the measured part.
 
     Must be called from synchronous code (it runs its own event loops). With processes == 1 the
@@ -75,7 +80,8 @@ def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: in
         raise ValueError("at least one pre-encoded request is needed")
     if concurrency < 1 or duration_s <= 0:
         raise ValueError("concurrency must be >= 1 and duration_s > 0")
-    plan = _Plan(host, port, tuple(requests), max(0.0, warmup_s), duration_s, timeout_s)
+    plan = _Plan(host, port, tuple(requests), max(0.0, warmup_s), duration_s, timeout_s,
+                 honour_retry_after)
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     offsets = [sum(shares[:i]) for i in range(processes)]
@@ -193,6 +199,9 @@ class _Connection(asyncio.Protocol):
         self.state = state
         self.requests = state.plan.requests
         self.next_index = next_index
+        self.retry_after = b""
+        if state.plan.honour_retry_after:
+            self.on_header = self._on_header  # httptools calls it only if present
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.sent_ns = 0  # 0: no request in flight
@@ -239,10 +248,28 @@ class _Connection(asyncio.Protocol):
                 state.served += window_share(sent, now, state.measure_from_ns, state.stop_at_ns)
         else:
             state.errors[f"http_{status}"] += 1
+            if status == 429 and state.plan.honour_retry_after:
+                self._send_after_retry_after()
+                return
         if self.parser.should_keep_alive():
             self.send_next()
         else:
             self.close()
+
+    def _on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"retry-after":
+            self.retry_after = value
+
+    def _send_after_retry_after(self) -> None:
+        try:
+            delay_s = max(0.0, float(self.retry_after or b"1"))
+        except ValueError:
+            delay_s = 1.0
+        self.retry_after = b""
+        if not self.parser.should_keep_alive():
+            self.close()  # the next connection starts at once: only keep-alive ones wait
+            return
+        asyncio.get_running_loop().call_later(delay_s, self.send_next)
 
     def close(self) -> None:
         self.closing = True

@@ -41,6 +41,7 @@ class LoadtestSpec:
     hardware: str | None = None
     label: str | None = None
     metadata_url: str | None = None  # HTTP base URL for metadata when testing over gRPC
+    honour_retry_after: bool = False  # HTTP closed loop: a 429'd client waits Retry-After
 
     def host_port(self) -> tuple[str, int]:
         parts = urlsplit(self.url if "//" in self.url else f"//{self.url}")
@@ -98,7 +99,8 @@ def run_step(spec: LoadtestSpec, requests: list[bytes], mode: str, level: float)
     if mode == "closed":
         from serval.loadtest.closed_loop import run_closed_loop
 
-        return run_closed_loop(host, port, requests, int(level), *args, spec.timeout_s)
+        return run_closed_loop(host, port, requests, int(level), *args, spec.timeout_s,
+                               honour_retry_after=spec.honour_retry_after)
     from serval.loadtest.open_loop import run_open_loop
 
     return run_open_loop(host, port, requests, level, *args, spec.timeout_s)

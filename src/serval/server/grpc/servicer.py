@@ -119,7 +119,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
     async def _infer(self, request: Any, deadline_ns: int | None) -> pb.ModelInferResponse:
         received_ns = time.perf_counter_ns()
-        self.dataplane.admit(request.model_name, request.model_version or None)
+        self.dataplane.admit(request.model_name, request.model_version or None, deadline_ns,
+                             "timeout" in request.parameters)
         infer_request = decode_infer_request(request)
         response = await self.dataplane.infer(
             request.model_name, request.model_version or None, infer_request, received_ns,

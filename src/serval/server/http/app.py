@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from serval.auth import Action, TokenStore, bearer
 from serval.config import TransportLimits
-from serval.dataplane import DataPlane
+from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError
 from serval.observability.status import ServerStatus
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
@@ -150,11 +150,12 @@ class HttpApp:
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
     ) -> Reply:
         received_ns = time.perf_counter_ns()
-        self.dataplane.admit(name, version)
         header_length, encoding, timeout_ms = _infer_headers(headers)
+        deadline_ns = deadline_after(received_ns, timeout_ms)
+        self.dataplane.admit(name, version, deadline_ns,
+                             may_set_timeout(body, header_length, encoding))
         request = decode_request(_decompress(body, encoding, self.max_body_bytes),
                                  header_length)
-        deadline_ns = None if timeout_ms is None else received_ns + int(timeout_ms * 1e6)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = encode_response(response, request)
         if json_length is None:

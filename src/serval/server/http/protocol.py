@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
-from serval.server.http.app import HttpApp
+from serval.server.http.app import HttpApp, Reply
+from serval.server.http.errors import JSON_HEADERS, error_body
 from serval.server.http.reader import Request, RequestReader
 from serval.server.http.timer import ConnectionTimer
 from serval.server.http.wire import CONTINUE, Refusal, encode_reply, refusal
@@ -34,6 +35,8 @@ from serval.server.limits import TransportGuards
 log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0
+_TOO_EARLY_BODY = error_body("this connection was refused with 429 and sent again before its "
+                             "Retry-After elapsed; refused again (wait Retry-After seconds)")
 _STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
 _FULL = encode_reply((503, b'{"error":"the server is at its connection limit '
                             b'(--max-connections); retry shortly"}',
@@ -74,6 +77,8 @@ class HttpProtocol(RequestReader):
         self.reading_paused = self.write_paused = False
         self.write_paused_at = self.linger_until = 0.0
         self.idle_since = self.last_read
+        self.retry_at = 0.0  # loop time before which a request here is refused again (429)
+        self.retry_after = b"1"
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
@@ -237,8 +242,16 @@ class HttpProtocol(RequestReader):
                 if isinstance(item, Refusal):
                     self._send_refusal(item)
                     return
-                reply = await self.app.handle(item.method, item.path, item.headers,
-                                              item.body, item.query)
+                early_s = self.retry_at - self.loop.time() if self.retry_at else 0.0
+                if early_s > 0:  # a client ignoring Retry-After: no work for it, answer then
+                    await asyncio.sleep(early_s)
+                    reply: Reply = (429, _TOO_EARLY_BODY,
+                                    [*JSON_HEADERS, (b"retry-after", self.retry_after)])
+                else:
+                    reply = await self.app.handle(item.method, item.path, item.headers,
+                                                  item.body, item.query)
+                if reply[0] == 429:
+                    self._note_refusal(reply[2])
                 if self.transport is None:
                     return
                 keep_alive = item.keep_alive and not self.closing
@@ -262,6 +275,14 @@ class HttpProtocol(RequestReader):
             if self.continue_owed and not self.refused:
                 self.continue_owed = False
                 self._send_continue()
+
+    def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """A request sent here before the Retry-After just given is refused when it elapses,
+        unread by the app: a client that hammers after a 429 gets one answer per Retry-After."""
+        for name, value in headers:
+            if name == b"retry-after":
+                self.retry_after = value
+                self.retry_at = self.loop.time() + float(value)
 
     def _send_refusal(self, answer: Refusal) -> None:
         transport = self.transport
