@@ -158,19 +158,28 @@ def test_empty_frames_cve_2019_9518(h2_server: RunningServer, kind: str) -> None
 
 
 def test_data_dribble_cve_2019_9511(h2_server: RunningServer) -> None:
-    """Many streams trickling one byte per frame, and one-byte windows for their answers: the
-    tiny WINDOW_UPDATEs are counted against the control-frame budget."""
+    """Many streams trickling one byte per frame, then one-byte windows for their answers once
+    the answers wait: the server would cut one-byte frames; the tiny WINDOW_UPDATEs for data it
+    holds are counted against the control-frame budget. (Small credits while nothing waits are
+    what grpc-core sends for every message it reads: those are not counted.)"""
     streams = range(1, 401, 2)
     request = message(infer_request())
-    dribble = [b"".join(data(sid, request[i:i + 1], i == len(request) - 1)
-                        + window_update(sid, 1) for sid in streams) for i in range(len(request))]
+    dribble = [b"".join(data(sid, request[i:i + 1], i == len(request) - 1) for sid in streams)
+               for i in range(len(request))]
     credit = b"".join(window_update(sid, 1) for sid in streams) * 20
     with watch(h2_server) as result:
         for _ in rounds(ATTACK_S):
             with RawH2(h2_server.grpc_port, {h2.INITIAL_WINDOW_SIZE: 1}) as attacker:
                 attacker.send(b"".join(headers(sid) for sid in streams))
-                for chunk in [*dribble, *[credit] * 200]:
-                    if not attacker.send(chunk) or attacker.read(0.0, parse=False).closed:
+                for chunk in dribble:
+                    if not attacker.send(chunk):
+                        break
+                deadline = time.monotonic() + 5.0  # the answers start: one byte each, held
+                while (time.monotonic() < deadline and not attacker.seen.closed
+                       and not any(f[0] == h2.DATA for f in attacker.read(0.05).frames)):
+                    pass
+                for _ in range(200):
+                    if not attacker.send(credit) or attacker.read(0.0, parse=False).closed:
                         break
                 assert attacker.closed_with(2.0) == CALM
     report("data dribble", result, attacker.elapsed_s)
@@ -236,3 +245,19 @@ def test_300k_streams_meet_max_concurrent_streams(h2_server: RunningServer) -> N
 def _inferences(server: RunningServer) -> int:
     stats = call(server.url, "GET", "/v2/models/linear/stats").json()["model_stats"]
     return int(stats[0]["inference_count"])
+
+
+def test_a_busy_grpcio_client_is_never_taken_for_an_abuser(h2_server: RunningServer) -> None:
+    """grpc-core credits every message it reads with a small WINDOW_UPDATE and pings for its
+    bandwidth estimate: thousands of calls on one channel in one window stay well-behaved."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest.FromString(infer_request())
+    with grpc.insecure_channel(h2_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        futures = [stub.ModelInfer.future(request, timeout=30) for _ in range(3000)]
+        answers = [future.result() for future in futures]
+        for _ in range(300):
+            stub.ModelInfer(request, timeout=30)
+    assert len(answers) == 3000 and all(a.outputs for a in answers)

@@ -240,6 +240,12 @@ class GrpcConnection(Http2Connection):
             self.abuse.reset_stream("reset by the client before their answer")
         self._drop(call)  # cancelled, or past its deadline
 
+    def _waits_for_window(self, stream_id: int) -> bool:
+        if not stream_id:
+            return bool(self.blocked)
+        call = self.calls.get(stream_id)
+        return call is not None and call in self.blocked
+
     def _on_stream_window_update(self, stream_id: int, increment: int) -> None:
         call = self.calls.get(stream_id)
         if call is None:

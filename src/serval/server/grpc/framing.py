@@ -94,6 +94,10 @@ class Http2Connection(asyncio.Protocol):
     def _on_stream_window_update(self, stream_id: int, increment: int) -> None:
         raise NotImplementedError
 
+    def _waits_for_window(self, stream_id: int) -> bool:
+        """Data is held for want of window on this stream (0: on any stream)."""
+        raise NotImplementedError
+
     def _on_initial_window_change(self, delta: int) -> None:
         raise NotImplementedError
 
@@ -318,7 +322,9 @@ class Http2Connection(asyncio.Protocol):
 
     def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
         increment = h2.parse_u32(payload, "WINDOW_UPDATE")
-        if increment < _SMALL_WINDOW_UPDATE:  # clients batch them; dribbling costs us frames
+        if increment < _SMALL_WINDOW_UPDATE and self._waits_for_window(stream_id):
+            # a few bytes of credit for data we hold: dribbling makes us cut tiny frames
+            # (grpc-core credits each small message it reads: harmless when nothing waits)
             self.abuse.control_frame("WINDOW_UPDATE of a few bytes (CVE-2019-9511)")
         if stream_id == 0:
             if not increment:
