@@ -28,7 +28,8 @@ _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
 
 # gRPC status codes used by the transport itself
-OK, CANCELLED, INTERNAL, UNIMPLEMENTED, RESOURCE_EXHAUSTED = 0, 1, 13, 12, 8
+OK, CANCELLED, INVALID_ARGUMENT, INTERNAL = 0, 1, 3, 13
+UNIMPLEMENTED, RESOURCE_EXHAUSTED = 12, 8
 
 
 class CallFailed(Exception):
@@ -297,7 +298,8 @@ def _decompress(message: bytes, encoding: str, limit_bytes: int) -> bytes:
     try:
         plain = inflater.decompress(message, limit_bytes + 1)
     except zlib.error as exc:
-        raise CallFailed(INTERNAL, f"cannot decompress the {encoding} message: {exc}") from None
+        raise CallFailed(INVALID_ARGUMENT, f"the message is not valid {encoding} data: {exc}"
+                         ) from None
     if len(plain) > limit_bytes:
         raise CallFailed(RESOURCE_EXHAUSTED, f"decompressed message larger than max "
                                              f"({limit_bytes} bytes)")
