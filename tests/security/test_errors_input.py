@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import orjson
@@ -14,7 +15,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply
+from tests.integration.http_helpers import Reply, call
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -26,6 +27,8 @@ def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) ->
     root = tmp_path_factory.mktemp("errors-input")
     fixture_models.linear(root)
     fixture_models.embedding(root)  # ids INT64 [B,seq] over a vocabulary of 16
+    fixture_models.embedding(root, "embed_batched", config="max_batch_size: 8\n"
+                             "batching:\n  max_queue_delay_ms: 200\n  preferred_batch_sizes: [4]\n")
     fixture_models.embedding(root, "embed_isolated",
                              config="max_batch_size: 8\nisolation: process\n")
     fixture_models.first_row_only(root)
@@ -170,6 +173,22 @@ def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_problem(
     good = post(server, "/v2/models/embed/infer", infer_doc([1, 2], [3, 15], "ids", "INT64"))
     assert good.status == 200
     assert "[E:onnxruntime" not in server.log()  # no ERROR line per bad request
+    assert_clean(server)
+
+
+def test_bad_ids_in_a_batch_fail_only_their_own_request(server: RunningServer) -> None:
+    """Four requests batched together, one with an id outside the vocabulary: the engine
+    refuses the batch; each request is run alone, so only the bad one gets the 400."""
+    ids = [[1, 2], [3, 100], [4, 5], [15, 0]]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda row: post(
+            server, "/v2/models/embed_batched/infer", infer_doc([1, 2], row, "ids", "INT64")),
+            ids))
+    assert [reply.status for reply in replies] == [200, 400, 200, 200]
+    assert "idx=100" in replies[1].error
+    assert replies[0].json()["outputs"][0]["data"] == [6.0, 7.0, 8.0, 9.0]  # rows 1, 2 averaged
+    stats = call(server.url, "GET", "/v2/models/embed_batched/stats").json()["model_stats"][0]
+    assert stats["inference_stats"]["success"]["count"] == 3
     assert_clean(server)
 
 

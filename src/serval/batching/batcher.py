@@ -28,6 +28,7 @@ from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
     BackendError,
     DeadlineExceeded,
+    EngineRejectedInput,
     Overloaded,
     ServalError,
     ServerUnavailable,
@@ -234,6 +235,13 @@ class Batcher:
         except asyncio.CancelledError:
             _fail_all(batch, ServerUnavailable("the model was unloaded while running"), "")
             raise
+        except EngineRejectedInput as exc:
+            if len(batch) == 1:
+                _fail_all(batch, exc, self._stats.name)
+                return
+            for request in batch:  # one request's bad values must not fail its batch-mates
+                await self._run([request])
+            return
         except Exception as exc:
             _fail_all(batch, exc, self._stats.name)
             return
