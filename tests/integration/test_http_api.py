@@ -151,7 +151,7 @@ def test_bad_binary_bodies_are_400(server: RunningServer) -> None:
                      {"Inference-Header-Content-Length": str(len(header) + 10)})
     assert too_long.status == 400 and "Inference-Header-Content-Length" in too_long.error
     not_int = infer(server.url, "linear", header, {"Inference-Header-Content-Length": "abc"})
-    assert not_int.status == 400 and "must be an integer" in not_int.error
+    assert not_int.status == 400 and "must be a non-negative integer" in not_int.error
 
 
 def test_gzip_request_bodies(server: RunningServer) -> None:

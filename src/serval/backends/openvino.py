@@ -51,7 +51,10 @@ class OpenVinoBackend:
         small = path.stat().st_size < SMALL_MODEL_BYTES
         threads = 1 if small else max(1, self.cores // spec.config.instances)
         compiled = self._core.compile_model(model, "CPU", {
-            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+            "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+            # the model's own precision: OpenVINO 2026 computes in reduced precision on some
+            # CPUs by default (answers off by ~1e-2 from ONNX Runtime on the same file)
+            "INFERENCE_PRECISION_HINT": "f32"})
         # names from the model as read: compiling may rename an output (keeping an alias)
         metadata = _metadata(model, spec.config.max_batch_size, str(path))
         size = (_file_bytes(path) + SESSION_OVERHEAD_BYTES) * spec.config.instances
