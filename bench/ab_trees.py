@@ -3,7 +3,8 @@
 Each round starts the server from tree A, then from tree B (its `src/` first on PYTHONPATH), and
 drives both with this tree's load generator: HTTP JSON, HTTP binary and gRPC unary (and stream),
 `--concurrency` clients, one item per request. Rounds alternate so drift on a noisy box hits
-both builds alike; the table gives each build's median over the rounds and B/A.
+both builds alike; the table gives each build's median over the rounds and B/A, for throughput
+and for the server's CPU time per answered request (steadier than throughput on a shared box).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/ab_trees.py --a /path/to/before --b . --rounds 3
 """
@@ -28,7 +29,7 @@ from bench.workloads import grpc_requests, infer_requests, model_file, model_spe
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
 
-console = Console(width=100)
+console = Console(width=110)
 MODES = ("http-json", "http-binary", "grpc-unary", "grpc-stream")
 
 
@@ -41,16 +42,20 @@ def main() -> None:
              "http-binary": infer_requests(args.model, feeds, True, servers.HOST),
              "grpc": grpc_requests(args.model, feeds)}
     rates: dict[tuple[str, str], list[float]] = defaultdict(list)
+    cpu: dict[tuple[str, str], list[float]] = defaultdict(list)
     for round_index in range(args.rounds):
         for label, tree in (("A", args.a), ("B", args.b)):
-            for mode, rate in _measure(args, tree, loads, logs / f"{label}{round_index}.log"):
+            for mode, rate, cpu_us in _measure(args, tree, loads,
+                                               logs / f"{label}{round_index}.log"):
                 rates[(label, mode)].append(rate)
-                console.print(f"round {round_index + 1} {label} {mode:<12} {rate:>10,.0f} req/s")
-    _print(args, rates)
+                cpu[(label, mode)].append(cpu_us)
+                console.print(f"round {round_index + 1} {label} {mode:<12} {rate:>10,.0f} req/s"
+                              f" {cpu_us:>7.1f} µs server CPU per request")
+    _print(args, rates, cpu)
 
 
 def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]],
-             log: Path) -> list[tuple[str, float]]:
+             log: Path) -> list[tuple[str, float, float]]:
     port, grpc_port = servers.free_port(), servers.free_port()
     command = servers.serval_command(args.repository, port, 1, grpc_port)
     previous = os.environ.get("PYTHONPATH")
@@ -58,8 +63,10 @@ def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]]
     try:
         with servers.running(command, port, "/v2/health/ready", log):
             servers.get_json(port, f"/v2/models/{args.model}")
+            pid = _server_pid(port)
             out = []
             for mode in MODES:
+                cpu_before_s = _cpu_s(pid)
                 if mode.startswith("http"):
                     result = run_closed_loop(servers.HOST, port, loads[mode], args.concurrency,
                                              args.duration, args.warmup)
@@ -69,7 +76,9 @@ def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]]
                                                   processes=1, mode=mode.split("-")[1])
                 if result.failed:
                     console.print(f"[red]{mode}: {result.failed} failed requests[/]")
-                out.append((mode, result.throughput_rps))
+                answered = result.throughput_rps * args.duration
+                cpu_us = (_cpu_s(pid) - cpu_before_s) * 1e6 / max(1.0, answered)
+                out.append((mode, result.throughput_rps, cpu_us))
             return out
     finally:
         if previous is None:
@@ -78,14 +87,36 @@ def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]]
             os.environ["PYTHONPATH"] = previous
 
 
-def _print(args: argparse.Namespace, rates: dict[tuple[str, str], list[float]]) -> None:
+def _server_pid(port: int) -> int:
+    """The serving process: the one whose command line names this port."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in argv and str(port).encode() in argv:
+                return int(entry.name)
+    raise RuntimeError(f"no server process on port {port}")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _print(args: argparse.Namespace, rates: dict[tuple[str, str], list[float]],
+           cpu: dict[tuple[str, str], list[float]]) -> None:
     table = Table(title=f"{args.model}, {args.concurrency} clients, median of {args.rounds} "
-                        f"rounds (req/s)")
-    for column in ("mode", "A", "B", "B/A"):
+                        f"rounds")
+    for column in ("mode", "A req/s", "B req/s", "B/A", "A µs CPU", "B µs CPU", "B/A CPU"):
         table.add_column(column, justify="right" if column != "mode" else "left")
     for mode in MODES:
         a, b = statistics.median(rates[("A", mode)]), statistics.median(rates[("B", mode)])
-        table.add_row(mode, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.3f}")
+        ca, cb = statistics.median(cpu[("A", mode)]), statistics.median(cpu[("B", mode)])
+        table.add_row(mode, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.3f}", f"{ca:.1f}", f"{cb:.1f}",
+                      f"{cb / ca:.3f}")
     console.print(table)
     console.print(f"A = {args.a}\nB = {args.b}")
 
