@@ -7,7 +7,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import ssl
 from typing import TYPE_CHECKING
 
@@ -33,6 +32,7 @@ from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.limits import TransportGuards
+from serval.server.listen import bind_socket, serve_on
 from serval.server.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -43,15 +43,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GRACEFUL_SHUTDOWN_S = 30
-# Connections the kernel may hold for accept(). create_server re-listens with its own backlog
-# (100 by default), so it must be given this too: a burst of clients beyond the backlog is
-# otherwise left half-open, its requests unread for seconds.
-LISTEN_BACKLOG = 4096
-# Connections accepted per event-loop turn: a flood of new connections is taken in small
-# batches between the requests of the connections already open, not 4,096 at a time.
-ACCEPT_BATCH = 64
-
-
 def available_cores() -> int:
     """Cores this process may run on (affinity-aware)."""
     try:
@@ -103,10 +94,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     app = HttpApp(dataplane, metrics, auth, status, guards.limits.max_request_bytes)
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: HttpProtocol(app, tracker, guards), sock=sock, backlog=ACCEPT_BATCH,
-        ssl=_tls_context(config), ssl_handshake_timeout=_handshake_timeout(config))
-    sock.listen(LISTEN_BACKLOG)  # asyncio listened with the batch size: the kernel's queue
+    server = await serve_on(sock, lambda: HttpProtocol(app, tracker, guards),
+                            _tls_context(config), config.limits.tls_handshake_timeout_s)
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth, guards)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -173,26 +162,9 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bo
     )
 
 
-def _handshake_timeout(config: ServerConfig) -> float | None:
-    return config.limits.tls_handshake_timeout_s if config.tls_cert else None
-
-
 def _tls_context(config: ServerConfig) -> ssl.SSLContext | None:
     if config.tls_cert is None or config.tls_key is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(config.tls_cert, config.tls_key)
     return context
-
-
-def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
-    """A listening TCP socket; SO_REUSEPORT lets worker processes share the port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(LISTEN_BACKLOG)
-    sock.setblocking(False)
-    return sock

@@ -12,6 +12,7 @@ from serval.server.grpc.calls import ServiceRunner
 from serval.server.grpc.connection import GrpcConnection
 from serval.server.grpc.servicer import InferenceServicer
 from serval.server.limits import TransportGuards
+from serval.server.listen import bind_socket, serve_on
 
 
 class GrpcServer:
@@ -41,15 +42,11 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
                             auth: TokenStore | None = None,
                             tls: tuple[Path, Path] | None = None) -> GrpcServer:
     """A started server on host:port; OSError when the port cannot be bound."""
-    from serval.server.runner import LISTEN_BACKLOG, bind_socket
-
     runner = ServiceRunner(InferenceServicer(dataplane, auth))
     connections: set[GrpcConnection] = set()
     sock = bind_socket(host, port, reuse_port)
-    server = await asyncio.get_running_loop().create_server(
-        lambda: GrpcConnection(runner, connections, guards), sock=sock,
-        backlog=LISTEN_BACKLOG, ssl=_tls_context(tls),
-        ssl_handshake_timeout=guards.limits.tls_handshake_timeout_s if tls else None)
+    server = await serve_on(sock, lambda: GrpcConnection(runner, connections, guards),
+                            _tls_context(tls), guards.limits.tls_handshake_timeout_s)
     return GrpcServer(server, connections)
 
 

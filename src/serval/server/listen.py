@@ -1,0 +1,39 @@
+"""Listening sockets for both transports: a deep kernel queue, accepts taken in small batches."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+
+# Connections the kernel may hold for accept(). create_server re-listens with its own backlog
+# (100 by default), so it must be given this too: a burst of clients beyond the backlog is
+# otherwise left half-open, its requests unread for seconds.
+LISTEN_BACKLOG = 4096
+# Connections accepted per event-loop turn: a flood of new connections is taken in small
+# batches between the requests of the connections already open, not 4,096 at a time.
+ACCEPT_BATCH = 64
+
+
+def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
+    """A listening TCP socket; SO_REUSEPORT lets worker processes share the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_on(sock: socket.socket, factory: Callable[[], asyncio.Protocol],
+                   tls: ssl.SSLContext | None, handshake_timeout_s: float) -> asyncio.Server:
+    """Serve connections from sock: ACCEPT_BATCH accepts a turn, LISTEN_BACKLOG queued."""
+    server = await asyncio.get_running_loop().create_server(
+        factory, sock=sock, backlog=ACCEPT_BATCH, ssl=tls,
+        ssl_handshake_timeout=handshake_timeout_s if tls is not None else None)
+    sock.listen(LISTEN_BACKLOG)  # asyncio listened with the batch size: the kernel's queue
+    return server
