@@ -8,6 +8,7 @@ import ssl
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,19 +29,39 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def test_https_and_grpc_tls(tmp_path: Path) -> None:
+@dataclass
+class TlsServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    grpc_port: int
+    cert: Path
+    context: ssl.SSLContext  # trusts the server's certificate
+
+
+def start_tls_server(tmp_path: Path, *extra: str) -> TlsServer:
+    """`serval serve` with a fresh certificate, HTTPS and gRPC over TLS, answering once ready."""
     fixture_models.linear(tmp_path / "repo")
     cert, key = _certificate(tmp_path)
     port, grpc_port = free_port(), free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "serval", "serve", "--repository", str(tmp_path / "repo"),
          "--http-port", str(port), "--grpc-port", str(grpc_port), "--tls-cert", str(cert),
-         "--tls-key", str(key)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+         "--tls-key", str(key), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    context = ssl.create_default_context(cafile=str(cert))
     try:
-        context = ssl.create_default_context(cafile=str(cert))
-        status = _wait_https(port, context)
-        assert status == 200
+        _wait_https(port, context)
+    except BaseException:
+        process.kill()
+        raise
+    return TlsServer(process, port, grpc_port, cert, context)
+
+
+def test_https_and_grpc_tls(tmp_path: Path) -> None:
+    server = start_tls_server(tmp_path)
+    process, port, grpc_port, cert = server.process, server.port, server.grpc_port, server.cert
+    try:
+        assert _wait_https(port, server.context) == 200
         plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
             plain.request("GET", "/v2/health/ready")
