@@ -152,8 +152,9 @@ class HttpApp:
         received_ns = time.perf_counter_ns()
         header_length, encoding, timeout_ms = _infer_headers(headers)
         deadline_ns = deadline_after(received_ns, timeout_ms)
-        self.dataplane.admit(name, version, deadline_ns,
-                             may_set_timeout(body, header_length, encoding))
+        own_timeout = (deadline_ns is None and self.dataplane.default_timeout_ns > 0
+                       and may_set_timeout(body, header_length, encoding))  # else moot
+        self.dataplane.admit(name, version, deadline_ns, own_timeout)
         request = decode_request(_decompress(body, encoding, self.max_body_bytes),
                                  header_length)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
