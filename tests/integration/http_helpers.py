@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,3 +50,18 @@ def wait_until_running(url: str, model: str, timeout_s: float = 30.0) -> None:
     while running not in call(url, "GET", "/metrics").body.decode():
         assert time.monotonic() < deadline, f"no batch of {model} started"
         time.sleep(0.005)
+
+
+def occupy(url: str, model: str, body: bytes) -> threading.Thread:
+    """Send `body` to `model` on a thread; return once the engine is computing its batch."""
+    blocker = threading.Thread(target=call, args=(url, "POST", f"/v2/models/{model}/infer",
+                                                  body))
+    blocker.start()
+    wait_until_running(url, model)
+    return blocker
+
+
+def inference_count(url: str, model: str) -> int:
+    """Rows the model has computed (Triton's statistics)."""
+    stats = call(url, "GET", f"/v2/models/{model}/stats").json()["model_stats"][0]
+    return int(stats["inference_count"])

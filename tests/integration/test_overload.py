@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, wait_until_running
+from tests.integration.http_helpers import Reply, call, inference_count, occupy
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -39,17 +39,12 @@ def _slow_repository(root: Path, config: str = "max_batch_size: 128\n") -> Path:
 
 
 def _occupy(server: RunningServer) -> threading.Thread:
-    """Start a 128-row request and return once the engine is computing it."""
-    blocker = threading.Thread(target=lambda: call(server.url, "POST", "/v2/models/slow/infer",
-                                                   BIG))
-    blocker.start()
-    wait_until_running(server.url, "slow")
-    return blocker
+    """A 128-row batch of `slow` in the engine; returns once it is computing."""
+    return occupy(server.url, "slow", BIG)
 
 
 def _computed_rows(server: RunningServer) -> int:
-    stats = call(server.url, "GET", "/v2/models/slow/stats").json()["model_stats"][0]
-    return int(stats["inference_count"])
+    return inference_count(server.url, "slow")
 
 
 def _post_many(server: RunningServer, count: int, body: bytes,

@@ -9,14 +9,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
+
 from tests.conftest import RunningServer
-from tests.security.conftest import connect, security_repository
+from tests.security.conftest import INFER_DOC, connect, security_repository
 
 Factory = Callable[..., RunningServer]
 
 # Short timeouts so each attack is judged in seconds; limits small enough to reach quickly.
 SHORT = ("--header-timeout-s", "1", "--body-timeout-s", "1", "--keepalive-timeout-s", "2",
          "--max-connections", "200")
+
+BODY = orjson.dumps(INFER_DOC)  # one small valid `linear` request body
 
 
 def short_server(server_factory: Factory, root: Path, *extra: str) -> RunningServer:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
-import orjson
 import pytest
 
 from tests.conftest import RunningServer
 from tests.security.conftest import closed_within, connect, watch
 from tests.security.http1_helpers import (
+    BODY,
     Factory,
     read_until,
     send_until_refused,
@@ -21,8 +21,6 @@ from tests.security.http1_helpers import (
 
 pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
-BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8],
-                                 "data": [0.5] * 8}]})
 
 
 def _infer(body: bytes = BODY, length: int | None = None) -> bytes:

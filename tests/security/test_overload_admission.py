@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, wait_until_running
+from tests.integration.http_helpers import call, inference_count, occupy, wait_until_running
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -44,16 +44,12 @@ def measured(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory
 
 
 def _occupy(server: RunningServer) -> threading.Thread:
-    """A 128-row batch in the engine (no deadline); returns once it is computing."""
-    blocker = threading.Thread(target=call, args=(server.url, "POST", INFER, BIG))
-    blocker.start()
-    wait_until_running(server.url, "slow")
-    return blocker
+    """A 128-row batch of `slow` in the engine; returns once it is computing."""
+    return occupy(server.url, "slow", BIG)
 
 
 def _computed_rows(server: RunningServer) -> int:
-    stats = call(server.url, "GET", "/v2/models/slow/stats").json()["model_stats"][0]
-    return int(stats["inference_count"])
+    return inference_count(server.url, "slow")
 
 
 def _grpc_request() -> service_pb2.ModelInferRequest:

@@ -20,7 +20,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from serval.config import TransportLimits
@@ -57,39 +57,28 @@ class GatedConnection(Protocol):
 class ConnectionGate:
     """The server's open connections, both transports, oldest first."""
 
-    def __init__(self, max_connections: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_connections: int, log: AbuseLog) -> None:
         self.max_connections = max_connections
         self.open: dict[GatedConnection, None] = {}  # insertion order: oldest first
-        self.evicted = 0
-        self.refused = 0
-        self._clock = clock
-        self._warned_at = float("-inf")
+        self._log = log
 
     def admit(self, connection: GatedConnection) -> bool:
         """Register a new connection; False: no room (the caller closes it)."""
         if len(self.open) >= self.max_connections:
             victim = next((c for c in self.open if c.is_idle()), None)
             if victim is None:
-                self.refused += 1
-                self._warn("refused a new connection")
+                self._log.closed("connection limit", f"at the limit of {self.max_connections} "
+                                 "connections, none idle: refused a new one (--max-connections)")
                 return False
             self.open.pop(victim, None)
-            self.evicted += 1
-            self._warn("closed the oldest idle connection to make room")
+            self._log.closed("connection limit", f"at the limit of {self.max_connections} "
+                             "connections: closed the oldest idle one (--max-connections)")
             victim.evict()
         self.open[connection] = None
         return True
 
     def release(self, connection: GatedConnection) -> None:
         self.open.pop(connection, None)
-
-    def _warn(self, what: str) -> None:
-        now = self._clock()
-        if now - self._warned_at >= 10.0:
-            self._warned_at = now
-            log.warning("connection limit of %d reached: %s (evicted %d, refused %d so far; "
-                        "--max-connections)", self.max_connections, what, self.evicted,
-                        self.refused)
 
 
 class ReceiveBudget:
@@ -102,8 +91,7 @@ class ReceiveBudget:
 
     def reserve(self, size_bytes: int) -> bool:
         """Take size_bytes if they fit; False (and nothing taken) if not."""
-        if self.held_bytes + size_bytes > self.limit_bytes:
-            self.refused += 1
+        if not self.fits(size_bytes):
             return False
         self.held_bytes += size_bytes
         return True
@@ -154,11 +142,12 @@ class TransportGuards:
     limits: TransportLimits
     gate: ConnectionGate
     budget: ReceiveBudget
-    abuse: AbuseLog = field(default_factory=AbuseLog)
+    abuse: AbuseLog
 
     @classmethod
     def build(cls, limits: TransportLimits) -> TransportGuards:
         if not limits.max_connections:
             limits = replace(limits, max_connections=auto_max_connections())
-        return cls(limits, ConnectionGate(limits.max_connections),
-                   ReceiveBudget(limits.receive_budget_bytes))
+        abuse = AbuseLog()
+        return cls(limits, ConnectionGate(limits.max_connections, abuse),
+                   ReceiveBudget(limits.receive_budget_bytes), abuse)
