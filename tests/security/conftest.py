@@ -83,6 +83,8 @@ class GoodClient:
                     reply = infer(self.server.url, "linear", INFER_DOC, auth)
                     if reply.status != 200:
                         self.failures.append(f"HTTP {reply.status}")
+            except triton_grpc.InferenceServerException as exc:
+                self.failures.append(f"gRPC {exc.status()}: {exc.message()}"[:200])
             except Exception as exc:
                 self.failures.append(repr(exc)[:200])
             self.worst_s = max(self.worst_s, time.perf_counter() - started)

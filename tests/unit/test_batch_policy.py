@@ -256,18 +256,29 @@ def test_nothing_measured_gives_no_estimate_and_no_refusal() -> None:
     assert refusal_retry_after_s(0, 1, wait) == 0.0
 
 
-def test_unmeasured_sizes_scale_from_the_nearest_measured_class() -> None:
+def test_unmeasured_sizes_borrow_the_nearest_measured_class_unscaled() -> None:
     times = measured((16, 10 * MS))
-    assert batch_ns(times, 64) == 40 * MS  # in proportion to the rows, above
-    assert batch_ns(times, 1) == 10 * MS  # never below a measured batch's time, below
+    assert batch_ns(times, 64) == 10 * MS  # a lower bound above: never refuse on a guess
+    assert batch_ns(times, 1) == 10 * MS  # a batch's fixed overhead, below
+    assert batch_ns(measured((12, 12 * MS)), 16) == pytest.approx(16 * MS)  # in its own class
+
+
+def test_a_deep_queue_measured_only_at_batch_one_is_not_priced_one_request_at_a_time() -> None:
+    # A slow first batch of one (the loop was busy) must not refuse a queue of 992 that drains
+    # in 16 batches of 64: 16 x 25 ms fits a 5 s deadline.
+    times = measured((1, 25 * MS))
+    wait = expected_wait_ns(times, queued_rows=992, rows=1, max_batch_rows=64, instances=1,
+                            running_left_ns=0.0)
+    assert wait == pytest.approx(16 * 25 * MS)
+    assert refusal_retry_after_s(0, 5_000 * MS, wait) == 0.0
 
 
 def test_expected_wait_counts_full_batches_the_partial_one_and_the_running_remainder() -> None:
     times = measured((128, 30 * MS), (4, 5 * MS))
-    # 260 queued + 1 of ours = two full batches of 128 and one of 5 rows (scaled from 4 rows).
+    # 260 queued + 1 of ours = two full batches of 128 and one of 5 rows (at least 4 rows' time).
     wait = expected_wait_ns(times, queued_rows=260, rows=1, max_batch_rows=128, instances=1,
                             running_left_ns=12 * MS)
-    assert wait == pytest.approx(12 * MS + 2 * 30 * MS + 5 * MS * 5 / 4)
+    assert wait == pytest.approx(12 * MS + 2 * 30 * MS + 5 * MS)
 
 
 def test_instances_share_the_queue() -> None:

@@ -111,18 +111,22 @@ def record_batch(times: ServiceTimes, rows: int, ns: int, alpha: float = EWMA_AL
 
 
 def batch_ns(times: ServiceTimes, rows: int) -> float | None:
-    """Expected time of a batch of `rows`, from its own size class or the nearest measured one.
+    """Expected time of a batch of `rows`: its own size class's measure, else a lower bound.
 
-    Scaled in proportion to the rows when larger than what was measured, never below a
-    measured batch's time when smaller (a batch costs at least its fixed overhead); None until
-    any batch was measured.
+    An unmeasured size borrows the nearest measured class's time unscaled: a larger batch costs
+    at least what a smaller one did, and a smaller one is taken to cost as much as the larger
+    (its fixed overhead). Scaling up in proportion to the rows would call a batching engine
+    64x slower at batch 64 than at batch 1 and refuse requests it would answer in time; the
+    first full batch measures the real figure. None until any batch was measured.
     """
     index = size_class(rows)
     measured = times.rows
-    for distance in range(SIZE_CLASSES):
+    if measured[index] > 0.0:
+        return times.ns[index] * max(1.0, rows / measured[index])
+    for distance in range(1, SIZE_CLASSES):
         for nearest in (index - distance, index + distance):
             if 0 <= nearest < SIZE_CLASSES and measured[nearest] > 0.0:
-                return times.ns[nearest] * max(1.0, rows / measured[nearest])
+                return times.ns[nearest]
     return None
 
 
