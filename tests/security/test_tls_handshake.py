@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 
 from tests.integration.test_tls import _wait_https, start_tls_server
 from tests.security.conftest import closed_within, connect
@@ -27,5 +29,32 @@ def test_a_stalled_tls_handshake_is_closed_on_both_ports(tmp_path: Path) -> None
             partial.close()
         assert _wait_https(server.port, server.context) == 200  # and it goes on serving
     finally:
+        server.process.terminate()
+        server.process.wait(timeout=30)
+
+
+def test_connections_stuck_in_the_handshake_count_against_the_limit_and_make_room(
+        tmp_path: Path) -> None:
+    """Handshaking connections are gated too: 40 that never say hello, at a limit of 8, neither
+    hold 40 descriptors until the timeout nor lock out good TLS clients on either port."""
+    server = start_tls_server(tmp_path, "--max-connections", "8", "--tls-handshake-timeout-s",
+                              "30")
+    stalled: list = []
+    try:
+        for target in (server.port, server.grpc_port):
+            stalled += [connect(target) for _ in range(20)]
+        # the gate closes the oldest handshakes to make room for newer ones, long before 30 s
+        closed = [closed_within(sock, 5.0) for sock in stalled[:32]]
+        assert closed == [b""] * 32
+        assert _wait_https(server.port, server.context) == 200
+        client = triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}", ssl=True,
+                                                   root_certificates=str(server.cert))
+        x = triton_grpc.InferInput("x", [1, 8], "FP32")
+        x.set_data_from_numpy(np.ones((1, 8), np.float32))
+        assert client.infer("linear", [x], client_timeout=5.0).as_numpy(
+            "probabilities").shape == (1, 4)
+    finally:
+        for sock in stalled:
+            sock.close()
         server.process.terminate()
         server.process.wait(timeout=30)

@@ -7,6 +7,9 @@ import socket
 import ssl
 from collections.abc import Callable
 
+from serval.server.limits import ConnectionGate
+from serval.server.tls import TlsHandshake
+
 # Connections the kernel may hold for accept(). create_server re-listens with its own backlog
 # (100 by default), so it must be given this too: a burst of clients beyond the backlog is
 # otherwise left half-open, its requests unread for seconds.
@@ -30,10 +33,15 @@ def bind_socket(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 
 async def serve_on(sock: socket.socket, factory: Callable[[], asyncio.Protocol],
-                   tls: ssl.SSLContext | None, handshake_timeout_s: float) -> asyncio.Server:
-    """Serve connections from sock: ACCEPT_BATCH accepts a turn, LISTEN_BACKLOG queued."""
+                   tls: ssl.SSLContext | None, handshake_timeout_s: float,
+                   gate: ConnectionGate) -> asyncio.Server:
+    """Serve connections from sock: ACCEPT_BATCH accepts a turn, LISTEN_BACKLOG queued; with
+    TLS, each connection counts against the gate from its accept (see server/tls.py)."""
+    accept = factory
+    if tls is not None:
+        def accept() -> asyncio.Protocol:
+            return TlsHandshake(factory, tls, handshake_timeout_s, gate)
     server = await asyncio.get_running_loop().create_server(
-        factory, sock=sock, backlog=ACCEPT_BATCH, ssl=tls,
-        ssl_handshake_timeout=handshake_timeout_s if tls is not None else None)
+        accept, sock=sock, backlog=ACCEPT_BATCH)
     sock.listen(LISTEN_BACKLOG)  # asyncio listened with the batch size: the kernel's queue
     return server

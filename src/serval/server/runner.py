@@ -95,7 +95,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await serve_on(sock, lambda: HttpProtocol(app, tracker, guards),
-                            _tls_context(config), config.limits.tls_handshake_timeout_s)
+                            _tls_context(config), config.limits.tls_handshake_timeout_s,
+                            guards.gate)
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth, guards)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -46,7 +46,8 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
     connections: set[GrpcConnection] = set()
     sock = bind_socket(host, port, reuse_port)
     server = await serve_on(sock, lambda: GrpcConnection(runner, connections, guards),
-                            _tls_context(tls), guards.limits.tls_handshake_timeout_s)
+                            _tls_context(tls), guards.limits.tls_handshake_timeout_s,
+                            guards.gate)
     return GrpcServer(server, connections)
 
 
