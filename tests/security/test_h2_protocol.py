@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serval.http2 import frames as h2
+from serval.http2.hpack import HpackDecoder
 from tests.conftest import RunningServer
 from tests.security.conftest import Factory, security_repository, watch
 from tests.security.h2_helpers import (
@@ -121,6 +122,27 @@ def test_a_request_that_is_not_grpc_gets_415(h2_server: RunningServer) -> None:
             if 1 in client.read(0.1).statuses():
                 break
         assert client.seen.statuses()[1] == "415"
+    result.assert_held()
+
+
+def test_a_header_list_over_the_limit_fails_its_stream_only(h2_server: RunningServer) -> None:
+    """RFC 9113 10.5.1: the block is processed (the HPACK table stays in step), the stream gets
+    RESOURCE_EXHAUSTED naming the limit, and the connection serves the next call."""
+    big = request_block(extra=(("x-metadata", "v" * 70_000),))  # > the 64 KiB default
+    with watch(h2_server) as result, RawH2(h2_server.grpc_port) as client:
+        client.send(h2.frame(h2.HEADERS, 0, 1, big[:16_000])
+                    + h2.frame(h2.CONTINUATION, 0, 1, big[16_000:32_000])
+                    + h2.frame(h2.CONTINUATION, h2.END_HEADERS, 1, big[32_000:])
+                    + data(1, message(infer_request()), True))
+        client.send(headers(3) + data(3, message(infer_request()), True))
+        for _ in range(50):
+            if {1, 3} <= client.read(0.1).statuses().keys():
+                break
+        assert client.seen.statuses() == {1: "8", 3: "0"} and not client.seen.closed
+        messages = [value for kind, _, sid, payload in client.seen.frames
+                    if kind == h2.HEADERS and sid == 1
+                    for name, value in HpackDecoder().decode(payload) if name == "grpc-message"]
+        assert messages and "--h2-max-header-list-bytes" in messages[0]
     result.assert_held()
 
 

@@ -10,7 +10,7 @@ from hpack import Decoder, Encoder
 from serval.http2 import frames as h2
 from serval.http2.abuse import AbuseBudget
 from serval.http2.flow import InboundWindow, grow_send_window
-from serval.http2.hpack import HpackDecoder, encode_headers
+from serval.http2.hpack import HeaderListTooLarge, HpackDecoder, encode_headers
 from serval.server.grpc.stream import percent_encode
 
 pytestmark = pytest.mark.unit
@@ -84,12 +84,22 @@ def test_grpc_message_percent_encoding() -> None:
     assert percent_encode("100% é\n") == "100%25 %C3%A9%0A"
 
 
-def test_header_lists_past_the_limit_stop_decoding() -> None:
+def test_blocks_of_too_many_fields_stop_decoding() -> None:
     decoder = HpackDecoder(max_list_bytes=1000)
     with pytest.raises(h2.ProtocolError) as raised:
         decoder.decode(b"\x82" * 100_000)  # one-byte indexes: 42 bytes each once decoded
     assert raised.value.code == h2.ENHANCE_YOUR_CALM
+    assert not isinstance(raised.value, HeaderListTooLarge)  # an attack: the connection ends
     assert decoder.decode(b"\x82" * 20) == [(":method", "GET")] * 20  # under the limit
+
+
+def test_a_list_past_the_limit_is_processed_whole_so_the_table_stays_in_step() -> None:
+    encoder = Encoder()  # the hpack library's: it indexes what it sends
+    decoder = HpackDecoder(max_list_bytes=1000)
+    with pytest.raises(HeaderListTooLarge, match="larger than the 1000"):
+        decoder.decode(encoder.encode([("x-big", "v" * 2000), ("x-after", "kept")]))
+    # the next block refers to both entries by index: the table must hold them
+    assert decoder.decode(encoder.encode([("x-after", "kept")])) == [("x-after", "kept")]
 
 
 def test_the_block_cache_is_bounded_in_bytes() -> None:

@@ -6,8 +6,11 @@ table holds them a block is a handful of index bytes, so a block decoded while t
 change is remembered and answered from a dict next time.
 
 Bounds: a decoded header list larger than `max_list_bytes` (RFC 9113's SETTINGS_MAX_HEADER_LIST_SIZE
-measure: name + value + 32 per field) stops decoding at once, so the CPU spent on one block is
-bounded too; only small blocks are cached, and the cache is bounded in bytes.
+measure: name + value + 32 per field) is `HeaderListTooLarge`, raised once the whole block has
+been processed (RFC 9113 10.5.1: the dynamic table must stay in step, so the connection can
+answer that one stream and go on); a block of more than `MAX_FIELDS` fields stops decoding at
+once (ENHANCE_YOUR_CALM), so the CPU spent on one block is bounded too. Only small blocks are
+cached, and the cache is bounded in bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ _STATIC: tuple[Header, ...] = tuple(
 _ENTRY_OVERHEAD_BYTES = 32
 _CACHEABLE_BLOCK_BYTES = 512  # larger blocks are decoded every time
 _CACHE_BYTES = 64 * 1024  # blocks and their decoded lists, per connection
+MAX_FIELDS = 4096  # per block: 1-byte indexes decoded past this are an attack, not a request
+
+
+class HeaderListTooLarge(ProtocolError):
+    """A block decoded past the header-list limit: a stream error, the table is in step."""
 
 
 class HpackDecoder:
@@ -62,11 +70,12 @@ class HpackDecoder:
     def _decode(self, block: bytes) -> tuple[list[Header], int]:
         headers: list[Header] = []
         pos, end = 0, len(block)
-        size, limit = 0, self.max_list_bytes
+        size, limit, fields_left = 0, self.max_list_bytes, MAX_FIELDS
         try:
             while pos < end:
-                if size > limit:
-                    raise ProtocolError(f"header list larger than {limit} bytes",
+                fields_left -= 1
+                if fields_left < 0:
+                    raise ProtocolError(f"header block of more than {MAX_FIELDS} fields",
                                         ENHANCE_YOUR_CALM)
                 byte = block[pos]
                 if byte & 0x80:  # indexed field
@@ -96,7 +105,9 @@ class HpackDecoder:
         except IndexError:
             raise ProtocolError("truncated HPACK block", COMPRESSION_ERROR) from None
         if size > limit:
-            raise ProtocolError(f"header list larger than {limit} bytes", ENHANCE_YOUR_CALM)
+            raise HeaderListTooLarge(f"header list of {size} bytes, larger than the {limit} "
+                                     "this server accepts (--h2-max-header-list-bytes)",
+                                     ENHANCE_YOUR_CALM)
         return headers, size
 
     def _literal(self, block: bytes, pos: int, prefix_bits: int) -> tuple[str, str, int]:

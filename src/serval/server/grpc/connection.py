@@ -7,7 +7,8 @@ costs no work); a client-streaming call starts at its headers and reads messages
 
 Bounds: at most h2_max_concurrent_streams open streams (beyond: REFUSED_STREAM, counted against
 the reset budget); receive windows credited only as the calls consume their messages; stream
-errors and client resets before an answer count against h2_max_resets.
+errors, client resets before an answer and header lists over h2_max_header_list_bytes (that
+stream answered RESOURCE_EXHAUSTED) count against h2_max_resets.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any, Protocol
 
 from serval.http2 import frames as h2
 from serval.http2.flow import grow_send_window
+from serval.http2.hpack import HeaderListTooLarge
 from serval.server.grpc.framing import Http2Connection
 from serval.server.grpc.stream import CallFailed, ServerCall
 from serval.server.limits import TransportGuards
 
+_RESOURCE_EXHAUSTED = 8
 _UNIMPLEMENTED = 12
 
 
@@ -176,10 +179,17 @@ class GrpcConnection(Http2Connection):
             self.consumed(call, credit)
 
     def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
-        headers = self.decoder.decode(block)  # always: the HPACK table must stay in step
+        too_large = None
+        try:
+            headers = self.decoder.decode(block)  # always: the HPACK table must stay in step
+        except HeaderListTooLarge as exc:  # processed whole: refuse this stream, go on
+            headers, too_large = [], str(exc)
+            self.abuse.reset_stream("header list over SETTINGS_MAX_HEADER_LIST_SIZE")
         call = self.calls.get(stream_id)
         if call is not None:  # trailers from the client end its stream
-            if call.remote_closed:
+            if too_large is not None:
+                call.abort(_RESOURCE_EXHAUSTED, too_large)
+            elif call.remote_closed:
                 self._reset(call, h2.STREAM_CLOSED)
             elif not flags & h2.END_STREAM:
                 self._reset(call, h2.PROTOCOL_ERROR)
@@ -202,7 +212,11 @@ class GrpcConnection(Http2Connection):
                           max_message_bytes=limits.max_message_bytes,
                           max_messages=limits.h2_max_stream_messages, budget=self.guards.budget)
         self.calls[stream_id] = call
-        if self._start(call) and flags & h2.END_STREAM:
+        if too_large is not None:
+            call.finish(_RESOURCE_EXHAUSTED, too_large)
+            if flags & h2.END_STREAM:
+                self._end_remote(call)
+        elif self._start(call) and flags & h2.END_STREAM:
             self._end_remote(call)
 
     def _start(self, call: ServerCall) -> bool:
