@@ -159,6 +159,7 @@ class TransportLimits:
     h2_max_stream_messages: int = 128  # requests of one stream received and not yet answered
     h2_preface_timeout_s: float = 10.0  # the client's preface and SETTINGS
     h2_idle_timeout_s: float = 300.0  # no open stream this long: GOAWAY
+    h2_send_timeout_s: float = 60.0  # answers waiting on a client that takes none: close
     h2_abuse_window_s: float = 10.0
     h2_max_control_frames: int = 1000  # PING, SETTINGS, PRIORITY, empty frames per window
     h2_max_resets: int = 1000  # streams the client reset before their answer, per window

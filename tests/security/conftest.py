@@ -57,6 +57,7 @@ class GoodClient:
     calls: int = 0
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    first_call: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def start(self) -> GoodClient:
@@ -89,6 +90,7 @@ class GoodClient:
                 self.failures.append(repr(exc)[:200])
             self.worst_s = max(self.worst_s, time.perf_counter() - started)
             self.calls += 1
+            self.first_call.set()
             self._stop.wait(0.02)
 
 
@@ -124,6 +126,8 @@ def watch(server: RunningServer, clients: bool = True,
     if clients:
         result.clients = [GoodClient(server, token=token).start(),
                           GoodClient(server, grpc=True, token=token).start()]
+        for client in result.clients:  # each has been answered once before the attack starts
+            assert client.first_call.wait(30.0), "a good client got no first answer"
     stop = threading.Event()
 
     def sample() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import select
+import socket
 import time
 from pathlib import Path
 
@@ -33,6 +35,23 @@ def test_a_stalled_tls_handshake_is_closed_on_both_ports(tmp_path: Path) -> None
         server.process.wait(timeout=30)
 
 
+def _closed_count(socks: list[socket.socket], at_least: int, within_s: float) -> int:
+    """How many of socks the server closed, waiting until at_least are or within_s passed."""
+    open_socks, closed = list(socks), 0
+    deadline = time.monotonic() + within_s
+    while closed < at_least and time.monotonic() < deadline:
+        readable, _, _ = select.select(open_socks, [], [], 0.1)
+        for sock in readable:
+            try:
+                chunk = sock.recv(1024)
+            except (ConnectionResetError, BrokenPipeError):
+                chunk = b""
+            if not chunk:
+                open_socks.remove(sock)
+                closed += 1
+    return closed
+
+
 def test_connections_stuck_in_the_handshake_count_against_the_limit_and_make_room(
         tmp_path: Path) -> None:
     """Handshaking connections are gated too: 40 that never say hello, at a limit of 8, neither
@@ -44,8 +63,8 @@ def test_connections_stuck_in_the_handshake_count_against_the_limit_and_make_roo
         for target in (server.port, server.grpc_port):
             stalled += [connect(target) for _ in range(20)]
         # the gate closes the oldest handshakes to make room for newer ones, long before 30 s
-        closed = [closed_within(sock, 5.0) for sock in stalled[:32]]
-        assert closed == [b""] * 32
+        # (which 32 depends on the order the two listeners accepted them in)
+        assert _closed_count(stalled, at_least=32, within_s=10.0) >= 32
         assert _wait_https(server.port, server.context) == 200
         client = triton_grpc.InferenceServerClient(f"127.0.0.1:{server.grpc_port}", ssl=True,
                                                    root_certificates=str(server.cert))

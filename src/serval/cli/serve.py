@@ -112,11 +112,16 @@ def serve_command(
         "h2_preface_timeout_s", "The client preface and SETTINGS must arrive within this."),
     h2_idle_timeout_s: float = _limit(
         "h2_idle_timeout_s", "An HTTP/2 connection with no open stream this long: GOAWAY."),
+    h2_send_timeout_s: float = _limit(
+        "h2_send_timeout_s", "Answers that wait this long on an HTTP/2 client taking none of "
+        "them (no window, or not reading): close."),
+    h2_abuse_window_s: float = _limit(
+        "h2_abuse_window_s", "The window the next two budgets count in."),
     h2_max_control_frames: int = _limit(
-        "h2_max_control_frames", "PING, SETTINGS, PRIORITY and empty frames per 10 s; beyond: "
-        "GOAWAY (ENHANCE_YOUR_CALM)."),
+        "h2_max_control_frames", "PING, SETTINGS, PRIORITY and empty frames per window; "
+        "beyond: GOAWAY (ENHANCE_YOUR_CALM)."),
     h2_max_resets: int = _limit(
-        "h2_max_resets", "Streams a client resets before their answer, per 10 s; beyond: "
+        "h2_max_resets", "Streams a client resets before their answer, per window; beyond: "
         "GOAWAY (ENHANCE_YOUR_CALM)."),
 ) -> None:
     """Serve every model in REPOSITORY over KServe v2 REST and gRPC."""
@@ -138,6 +143,7 @@ def serve_command(
             h2_connection_window_bytes=int(h2_connection_window_mb * MIB),
             h2_max_stream_messages=h2_max_stream_messages,
             h2_preface_timeout_s=h2_preface_timeout_s, h2_idle_timeout_s=h2_idle_timeout_s,
+            h2_send_timeout_s=h2_send_timeout_s, h2_abuse_window_s=h2_abuse_window_s,
             h2_max_control_frames=h2_max_control_frames, h2_max_resets=h2_max_resets,
         )
         config = ServerConfig(

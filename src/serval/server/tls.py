@@ -28,6 +28,9 @@ class TlsHandshake(asyncio.Protocol):
         self._timeout_s = timeout_s
         self._gate = gate
         self._transport: asyncio.Transport | None = None
+        self._hello: list[bytes] = []  # raw bytes read before start_tls took over
+        self._tls_started = False
+        self._task: asyncio.Task[None] | None = None
         self._received: list[bytes] = []  # what arrived between the handshake and the handover
         self._eof = False
         self._lost = False
@@ -49,7 +52,18 @@ class TlsHandshake(asyncio.Protocol):
         if not self._gate.admit(self):
             plain.abort()
             return
-        asyncio.get_running_loop().create_task(self._handshake(plain))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._handshake(plain))
+        # uvloop reads before start_tls takes the socket over: what arrives until then (the
+        # ClientHello) is kept and handed to the TLS layer right after start_tls's own set-up
+        # callbacks, in the same loop turn, so no later byte can overtake it.
+        loop.call_soon(loop.call_soon, self._hand_over_hello)
+
+    def _hand_over_hello(self) -> None:
+        hello, self._hello = b"".join(self._hello), []
+        self._tls_started = True
+        if hello and self._transport is not None and not self._transport.is_closing():
+            _deliver(self._transport.get_protocol(), hello)
 
     async def _handshake(self, transport: asyncio.Transport) -> None:
         try:
@@ -73,10 +87,13 @@ class TlsHandshake(asyncio.Protocol):
         if self._eof and not protocol.eof_received():
             secure.close()
 
-    # what the secure transport delivers before the handover ---------------------------------
+    # what the transport delivers before the handover ---------------------------------
 
     def data_received(self, data: bytes) -> None:
-        self._received.append(data)
+        if not self._tls_started:  # raw, before start_tls: the ClientHello
+            self._hello.append(data)
+        else:  # decrypted, between the handshake and the handover
+            self._received.append(data)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -85,3 +102,18 @@ class TlsHandshake(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._gate.release(self)
+
+
+def _deliver(protocol: asyncio.BaseProtocol, data: bytes) -> None:
+    """Hand bytes to a protocol as its transport would (uvloop's SSLProtocol is buffered)."""
+    if isinstance(protocol, asyncio.Protocol):
+        protocol.data_received(data)
+        return
+    buffered = cast(asyncio.BufferedProtocol, protocol)
+    view = memoryview(data)
+    while view:
+        buffer = memoryview(buffered.get_buffer(len(view)))
+        size = min(len(buffer), len(view))
+        buffer[:size] = view[:size]
+        buffered.buffer_updated(size)
+        view = view[size:]

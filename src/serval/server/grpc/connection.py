@@ -91,9 +91,13 @@ class GrpcConnection(Http2Connection):
         """Write what the call may send now; remember it if flow control holds the rest."""
         frames, sent_bytes = call.take_sendable(self.send_window, self.peer_max_frame_bytes)
         self.send_window -= sent_bytes
+        if sent_bytes and call in self.blocked:  # the client took some: progress
+            self.sent_at = asyncio.get_running_loop().time()
         for data_frame in frames:
             self.write(data_frame)
         if call.has_output:
+            if not self.blocked:
+                self.send_stalled()
             self.blocked.add(call)
             return
         self.blocked.discard(call)

@@ -67,6 +67,7 @@ class Http2Connection(asyncio.Protocol):
         self.closing = False
         self.write_paused = False
         self.idle_since = 0.0
+        self.sent_at = 0.0  # the last progress of output that waits on the client
         self._preface: bytes | None = b""
         self._settled = False  # the client's first SETTINGS arrived
         self._continuation: tuple[int, int, bytearray] | None = None
@@ -176,11 +177,13 @@ class Http2Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         """The client does not read what we write: stop reading what it sends."""
         self.write_paused = True
+        self.send_stalled()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.sent_at = asyncio.get_running_loop().time()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
@@ -358,6 +361,15 @@ class Http2Connection(asyncio.Protocol):
             self.abuse.new_window()
             self._window_ends = now + limits.h2_abuse_window_s
         wake_at = self._window_ends
+        if self.write_paused or self._waits_for_window(0):
+            stall_ends = self.sent_at + limits.h2_send_timeout_s
+            if now >= stall_ends:
+                self.guards.abuse.closed("write stall", "an HTTP/2 client took none of its "
+                                         f"answers for {limits.h2_send_timeout_s:g} s "
+                                         "(--h2-send-timeout-s)")
+                self.abort()
+                return
+            wake_at = min(wake_at, stall_ends)
         if not self.has_streams():
             idle_ends = self.idle_since + limits.h2_idle_timeout_s
             if now >= idle_ends:
@@ -370,6 +382,16 @@ class Http2Connection(asyncio.Protocol):
         else:
             wake_at = min(wake_at, now + limits.h2_idle_timeout_s)
         self._timer = loop.call_at(wake_at, self._on_timer)
+
+    def send_stalled(self) -> None:
+        """Output began to wait on the client (flow-control window or socket): from now it has
+        h2_send_timeout_s to take some, or the connection is closed."""
+        loop = asyncio.get_running_loop()
+        self.sent_at = now = loop.time()
+        ends = now + self.limits.h2_send_timeout_s
+        if self._timer is not None and self._timer.when() > ends:
+            self._timer.cancel()
+            self._timer = loop.call_at(ends, self._on_timer)
 
     def shut_down(self) -> None:
         """Refuse new streams (GOAWAY), finish the open ones, then close."""
