@@ -1,5 +1,5 @@
-"""The v2 datatype table against the type systems it names: numpy, ONNX, OpenVINO, the gRPC
-proto (contents fields and model-config data types), and config validation."""
+"""The v2 datatype table against the type systems it names: numpy, ONNX, OpenVINO, Triton's gRPC
+protos (contents fields and model-config data types), and config validation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pydantic
 import pytest
+from tritonclient.grpc import model_config_pb2, service_pb2  # Triton's own (serval's twin clashes)
 
 from serval.config import TensorConfig
 from serval.errors import InvalidInput
@@ -21,7 +22,6 @@ from serval.protocol.dtypes import (
     numpy_dtype,
     v2_datatype,
 )
-from serval.server.grpc.proto import grpc_service_pb2 as pb
 
 pytestmark = pytest.mark.unit
 
@@ -78,13 +78,13 @@ def test_openvino_bf16_has_no_v2_datatype() -> None:
 
 
 @pytest.mark.parametrize("row", DATATYPES, ids=lambda row: row.name)
-def test_grpc_names_exist_in_the_proto(row: Datatype) -> None:
+def test_grpc_names_exist_in_tritons_protos(row: Datatype) -> None:
     dt = row
-    assert pb.DataType.Value(dt.config)
+    assert model_config_pb2.DataType.Value(dt.config)
     if dt.grpc_contents is not None:
-        assert dt.grpc_contents in pb.InferTensorContents.DESCRIPTOR.fields_by_name
+        assert dt.grpc_contents in service_pb2.InferTensorContents.DESCRIPTOR.fields_by_name
         values = [True] if dt.name == "BOOL" else [b"x"] if dt.name == "BYTES" else [1]
-        getattr(pb.InferTensorContents(), dt.grpc_contents).extend(values)
+        getattr(service_pb2.InferTensorContents(), dt.grpc_contents).extend(values)
 
 
 def test_only_fp16_travels_raw_only() -> None:
