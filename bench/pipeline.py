@@ -16,7 +16,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 SENTENCES = [f"Request number {i} asks how Serval batches {i % 7} concurrent queries."
              for i in range(16)]

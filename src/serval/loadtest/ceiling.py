@@ -16,7 +16,8 @@ from typing import Any, cast
 
 import httptools
 
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
             b"\r\n{}")

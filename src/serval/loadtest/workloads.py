@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serval.loadtest.closed_loop import encode_http_request
+from serval.loadtest.http_client import encode_http_request
 from serval.protocol.dtypes import NUMERIC_DATATYPES, numpy_dtype, v2_datatype
 from serval.protocol.types import TensorSpec
 
