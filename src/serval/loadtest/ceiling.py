@@ -21,7 +21,6 @@ from serval.loadtest.http_client import encode_http_request
 
 RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
             b"\r\n{}")
-BOUND_SHARE = 0.7  # a step above this share of the ceiling may be limited by the generator
 
 
 class TrivialProtocol(asyncio.Protocol):
