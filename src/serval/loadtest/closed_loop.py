@@ -2,11 +2,12 @@
 
 Each simulated client owns one keep-alive connection and writes its next pre-encoded request the
 moment the previous answer is complete (closed loop: the offered load is the concurrency).
-Everything on the hot path is cheap: uvloop, a raw asyncio.Protocol per connection, responses
-parsed by httptools in C, one clock read per request, no per-request timers (a watchdog scans for
-overdue requests instead). The clients are split over `processes` OS processes, each with its own
-event loop; they connect first, then start together. Latencies are kept only for requests sent
-after the warm-up, shipped to the parent as int64 nanoseconds and merged there (see stats.py).
+Everything on the hot path is cheap: uvloop, the shared http_client.HttpClientConnection (a raw
+asyncio.Protocol, responses parsed by httptools in C), one clock read per request, no
+per-request timers (a watchdog scans for overdue requests instead). The clients are split over
+`processes` OS processes, each with its own event loop; they connect first, then start together.
+Latencies are kept only for requests sent after the warm-up, shipped to the parent as int64
+nanoseconds and merged there (see stats.py).
 Throughput counts each successful request by the share of its life inside the measured window,
 so it does not jump by a whole batch when a batching server answers 64 clients at once.
 
