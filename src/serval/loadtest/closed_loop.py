@@ -100,7 +100,8 @@ class _State:
         return _perf_ns() >= self.tally.stop_at_ns
 
     def send_next(self, conn: HttpClientConnection) -> None:
-        if not conn.usable():
+        transport = conn.transport
+        if transport is None or transport.is_closing():
             return
         now = _perf_ns()
         if now >= self.tally.stop_at_ns:
@@ -115,7 +116,7 @@ class _State:
     def answered(self, conn: HttpClientConnection, status: int) -> None:
         if status == 429 and self.plan.honour_retry_after:
             self._send_after_retry_after(conn)
-        elif conn.keep_alive():
+        elif conn.parser.should_keep_alive():
             self.send_next(conn)
         else:
             conn.close()
@@ -126,7 +127,7 @@ class _State:
         except ValueError:
             delay_s = 1.0
         conn.retry_after = b""
-        if not conn.keep_alive():
+        if not conn.parser.should_keep_alive():
             conn.close()  # the next connection starts at once: only keep-alive ones wait
             return
         asyncio.get_running_loop().call_later(delay_s, self.send_next, conn)

@@ -106,10 +106,6 @@ class HttpClientConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.owner.opened(self)
 
-    def usable(self) -> bool:
-        """Whether a request may be written now (open, and not closing)."""
-        return self.transport is not None and not self.transport.is_closing()
-
     def send(self, index: int, origin_ns: int) -> None:
         """Write request `index` (modulo the list); its latency counts from origin_ns."""
         requests = self.tally.requests
@@ -133,10 +129,6 @@ class HttpClientConnection(asyncio.Protocol):
             tally.sample, tally.sample_status = b"".join(self._body), status
         tally.record(status, origin, now)
         self.owner.answered(self, status)
-
-    def keep_alive(self) -> bool:
-        """Whether the server keeps the connection open after the last answer."""
-        return bool(self.parser.should_keep_alive())
 
     def _on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"retry-after":

@@ -94,7 +94,7 @@ class _State:
 
     def answered(self, conn: HttpClientConnection, status: int) -> None:
         self.busy.discard(conn)
-        if not conn.keep_alive():
+        if not conn.parser.should_keep_alive():
             conn.close()
         elif self.backlog:
             self.send(conn, *self.backlog.popleft())
