@@ -14,7 +14,8 @@ import httptools
 import numpy as np
 import orjson
 
-from bench.workloads import NUMPY, ModelSpec
+from bench.workloads import ModelSpec
+from serval.protocol.dtypes import numpy_dtype
 
 
 class CheckFailed(RuntimeError):
@@ -83,12 +84,12 @@ def decode_outputs(answer: _Answer) -> dict[str, np.ndarray]:
     binary, offset = body[len(json_part):], 0
     arrays = {}
     for out in orjson.loads(json_part).get("outputs", []):
-        dtype, shape = NUMPY[out["datatype"]], tuple(out["shape"])
+        dtype, shape = numpy_dtype(out["datatype"]), tuple(out["shape"])
         size = (out.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             raw = binary[offset:offset + int(size)]
             offset += int(size)
-            arrays[out["name"]] = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+            arrays[out["name"]] = np.frombuffer(raw, dtype=dtype)
         else:
             arrays[out["name"]] = np.asarray(out["data"], dtype=dtype)
         arrays[out["name"]] = arrays[out["name"]].reshape(shape)
@@ -109,7 +110,7 @@ def check_grpc_answer(target: str, request: bytes, spec: ModelSpec,
         except grpc.RpcError as exc:
             raise CheckFailed(f"{label}: {exc.code()}: {exc.details()}") from exc
     response = pb.ModelInferResponse.FromString(raw)
-    outputs = {out.name: np.frombuffer(data, dtype=NUMPY[out.datatype]).reshape(out.shape)
+    outputs = {out.name: np.frombuffer(data, dtype=numpy_dtype(out.datatype)).reshape(out.shape)
                for out, data in zip(response.outputs, response.raw_output_contents, strict=True)}
     for out in spec.outputs:
         got, want = outputs.get(out.name), expected[out.name]

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers, workloads
 from serval.backends.onnxruntime import SESSION_OVERHEAD_BYTES
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 from serval.loadtest.stats import StepResult
 
 GOAL_RATIO = 0.5

@@ -25,7 +25,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
-from serval.loadtest.closed_loop import StepResult, encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import StepResult, run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 from serval.repository import store
 
 

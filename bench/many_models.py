@@ -35,7 +35,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 IN, HIDDEN, OUT = 384, 256, 32
 WEIGHT_BYTES = (IN * HIDDEN + HIDDEN * OUT) * 4

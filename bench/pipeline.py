@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 SENTENCES = [f"Request number {i} asks how Serval batches {i % 7} concurrent queries."
              for i in range(16)]
@@ -32,7 +34,8 @@ def main() -> None:
     direct = _direct_items_per_s(args.repository)
     port = servers.free_port()
     command = [*servers.serval_command(args.repository, port, 1, 0), "--allow-python-models"]
-    with servers.running(command, port, "/v2/health/ready", Path("/tmp/serval-pipeline.log")):
+    log = Path(tempfile.mkdtemp(prefix="serval-pipeline-")) / "server.log"
+    with servers.running(command, port, "/v2/health/ready", log):
         ids = run_closed_loop(servers.HOST, port, _id_requests(), args.clients, args.duration)
         text = run_closed_loop(servers.HOST, port, _text_requests(), args.clients,
                                args.duration)

@@ -32,8 +32,9 @@ from bench import report, servers
 from bench.checks import check_answer, check_grpc_answer
 from bench.engine_ceiling import Ceiling, engine_outputs, engine_session, measure_ceiling
 from bench.workloads import grpc_requests, infer_requests, model_file, model_spec, random_feeds
-from serval.loadtest.closed_loop import StepResult, encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import StepResult, run_closed_loop
 from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 REQUESTS_PER_MODE = 16  # distinct pre-encoded bodies per model and mode
 console = Console(width=150)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
 from bench.zoo import build_minilm
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 CONFIG = """\
 backend: pytorch

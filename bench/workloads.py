@@ -14,23 +14,10 @@ import numpy as np
 
 from serval.loadtest.workloads import grpc_requests
 from serval.loadtest.workloads import http_requests as infer_requests
+from serval.protocol.dtypes import from_onnx_type, numpy_dtype
+from serval.protocol.types import TensorSpec
 
-V2_TYPES = {"tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(float16)": "FP16",
-            "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(bool)": "BOOL"}
-NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
-         "INT32": np.int32, "BOOL": np.bool_}
 TOKEN_RANGE = 30000  # ids valid for every example vocabulary (minilm 30522, lstm 100000)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str  # v2 name: FP32, INT64, ...
-    shape: tuple[int, ...]  # -1 for the batch and any other free dimension
-
-    def item_shape(self, batch: int) -> list[int]:
-        """A concrete shape: `batch` first, 1 for any other free dimension."""
-        return [batch, *(d if d > 0 else 1 for d in self.shape[1:])]
 
 
 @dataclass(frozen=True)
@@ -50,16 +37,21 @@ def model_spec(onnx_file: Path) -> ModelSpec:
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
 
     def specs(args: list[Any]) -> tuple[TensorSpec, ...]:
-        return tuple(TensorSpec(a.name, V2_TYPES[a.type],
+        return tuple(TensorSpec(a.name, from_onnx_type(a.type),
                                 tuple(d if isinstance(d, int) else -1 for d in a.shape))
                      for a in args)
 
     return ModelSpec(specs(session.get_inputs()), specs(session.get_outputs()))
 
 
+def item_shape(spec: TensorSpec, batch: int) -> list[int]:
+    """A concrete shape: `batch` first, 1 for any other free dimension."""
+    return [batch, *(d if d > 0 else 1 for d in spec.shape[1:])]
+
+
 def random_tensor(spec: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:
     """Valid data: token ids in range, an all-ones attention mask, normal floats."""
-    shape, dtype = spec.item_shape(batch), NUMPY[spec.datatype]
+    shape, dtype = item_shape(spec, batch), numpy_dtype(spec.datatype)
     if spec.name == "attention_mask":
         return np.ones(shape, dtype=dtype)
     if np.issubdtype(dtype, np.integer):
@@ -74,5 +66,5 @@ def random_feeds(spec: ModelSpec, batch: int, count: int, seed: int = 0
     return [{t.name: random_tensor(t, batch, rng) for t in spec.inputs} for _ in range(count)]
 
 
-__all__ = ["NUMPY", "TensorSpec", "grpc_requests", "infer_requests", "model_file", "model_spec",
+__all__ = ["grpc_requests", "infer_requests", "item_shape", "model_file", "model_spec",
            "random_feeds", "random_tensor"]

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from serval.errors import ConfigError
+from serval.protocol.dtypes import DatatypeName
 
 MODEL_CONFIG_FILE = "config.yaml"
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
@@ -82,8 +83,7 @@ class TensorConfig(_Strict):
     """A declared input or output: v2 datatype and dims (without the batch axis, as Triton)."""
 
     name: str = Field(min_length=1)
-    datatype: Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                      "INT64", "FP16", "FP32", "FP64", "BYTES"]
+    datatype: DatatypeName
     dims: list[int] = Field(default_factory=list)
 
     @field_validator("dims")

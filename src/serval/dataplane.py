@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from serval import __version__
-from serval.backends.base import ModelMetadata, TensorSpec
+from serval.backends.base import ModelMetadata
 from serval.backends.pipeline import PipelineModel
 from serval.config import PipelineStep
 from serval.errors import (
@@ -24,9 +24,15 @@ from serval.errors import (
     ServerUnavailable,
 )
 from serval.observability.stats import ModelStats
-from serval.protocol.dtypes import v2_datatype
+from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
-from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
+from serval.protocol.types import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    TensorDict,
+    TensorSpec,
+)
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
 
@@ -383,5 +389,5 @@ def _describe(specs: dict[str, TensorSpec]) -> str:
 
 
 def _config_tensor(spec: TensorSpec, batch_dims: int) -> dict[str, Any]:
-    data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
-    return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[batch_dims:])}
+    return {"name": spec.name, "data_type": lookup(spec.datatype).config,
+            "dims": list(spec.shape[batch_dims:])}

@@ -9,7 +9,8 @@ import time
 import orjson
 import pytest
 
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 from tests.conftest import RunningServer, free_port
 
 pytestmark = pytest.mark.integration

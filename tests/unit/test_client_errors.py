@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from serval.backends.base import ModelMetadata, TensorSpec
+from serval.backends.base import ModelMetadata
 from serval.backends.onnxruntime import rejected_input
 from serval.backends.pipeline import PipelineModel
 from serval.config import PipelineStep
@@ -25,6 +25,7 @@ from serval.errors import (
     ServalError,
 )
 from serval.protocol.shapes import check_shape
+from serval.protocol.types import TensorSpec
 from serval.repository.registry import ModelRegistry, check_requested_name
 from serval.server.grpc.errors import GRPC_STATUS
 from serval.server.http.app import _decompress, _header_length, _timeout_ms

@@ -15,6 +15,7 @@ from serval.errors import ConfigError
 from serval.optimize import convert, graph, quantize, report, run, samples
 from serval.optimize.parity import Thresholds
 from serval.optimize.quantize import QuantizeOptions
+from serval.protocol.types import TensorSpec
 from tests import fixture_models, optimize_models
 
 pytestmark = pytest.mark.unit
@@ -34,7 +35,7 @@ def test_torch_factory_converts_with_a_dynamic_batch_and_matches_torch(tmp_path:
     converted = convert.convert("tests.optimize_models:tiny_mlp", tmp_path / "m.onnx",
                                 MLP_INPUT, ["probabilities"])
     specs = samples.input_specs(converted.path)
-    assert [(s.name, s.dims) for s in specs] == [("x", (None, 16))]
+    assert [s.tensor for s in specs] == [TensorSpec("x", "FP32", (-1, 16))]
     for batch in (1, 7):
         feeds = samples.random_inputs(specs, batch, seed=batch)
         (got,) = _run_onnx(converted.path, feeds)

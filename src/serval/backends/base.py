@@ -8,19 +8,7 @@ from typing import Protocol
 
 from serval.config import ModelConfig
 from serval.errors import ConfigError
-from serval.protocol.types import TensorDict
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """One input or output: v2 datatype and shape (-1 for a free dimension, batch included)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-
-    def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+from serval.protocol.types import TensorDict, TensorSpec
 
 
 @dataclass(frozen=True, slots=True)

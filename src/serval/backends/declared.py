@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from serval.backends.base import ModelMetadata, ModelVersionSpec, TensorSpec
+from serval.backends.base import ModelMetadata, ModelVersionSpec
 from serval.config import TensorConfig
 from serval.errors import ConfigError
+from serval.protocol.types import TensorSpec
 
 
 def declared_metadata(spec: ModelVersionSpec, platform: str) -> ModelMetadata:

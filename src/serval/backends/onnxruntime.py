@@ -13,13 +13,12 @@ from serval.backends.base import (
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
-    TensorSpec,
     resolve_max_batch_size,
 )
 from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import from_onnx_type
-from serval.protocol.types import TensorDict
+from serval.protocol.types import TensorDict, TensorSpec
 
 log = logging.getLogger(__name__)
 

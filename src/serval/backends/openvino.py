@@ -14,17 +14,14 @@ from serval.backends.base import (
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
-    TensorSpec,
     resolve_max_batch_size,
 )
 from serval.backends.onnxruntime import SESSION_OVERHEAD_BYTES, SMALL_MODEL_BYTES
 from serval.errors import ConfigError
-from serval.protocol.types import TensorDict
+from serval.protocol.dtypes import from_openvino_type
+from serval.protocol.types import TensorDict, TensorSpec
 
 MODEL_FILES = ("model.xml", "model.onnx")
-_OV_TO_V2 = {"boolean": "BOOL", "u8": "UINT8", "u16": "UINT16", "u32": "UINT32",
-             "u64": "UINT64", "i8": "INT8", "i16": "INT16", "i32": "INT32", "i64": "INT64",
-             "f16": "FP16", "f32": "FP32", "f64": "FP64", "string": "BYTES"}
 
 
 class OpenVinoBackend:
@@ -102,11 +99,12 @@ def _metadata(model: Any, configured: int | None, source: str) -> ModelMetadata:
 
 def _spec(port: Any) -> TensorSpec:
     type_name = port.get_element_type().get_type_name()
-    if type_name not in _OV_TO_V2:
+    datatype = from_openvino_type(type_name)
+    if datatype is None:
         raise ConfigError(f"tensor '{port.get_any_name()}' has type {type_name}, "
                           "which the v2 protocol cannot carry")
     shape = tuple(-1 if dim.is_dynamic else dim.get_length() for dim in port.get_partial_shape())
-    return TensorSpec(port.get_any_name(), _OV_TO_V2[type_name], shape)
+    return TensorSpec(port.get_any_name(), datatype, shape)
 
 
 def _import_openvino() -> Any:

@@ -67,20 +67,6 @@ def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
     return frame(GOAWAY, 0, 0, _U32.pack(last_stream_id) + _U32.pack(code) + debug)
 
 
-def data_frames(stream_id: int, payload: bytes | memoryview, max_frame_bytes: int,
-                end_stream: bool) -> list[bytes]:
-    """DATA frames carrying payload, each at most max_frame_bytes; END_STREAM on the last."""
-    if len(payload) <= max_frame_bytes:
-        return [frame(DATA, END_STREAM if end_stream else 0, stream_id, bytes(payload))]
-    view = memoryview(payload)
-    frames = []
-    for start in range(0, len(view), max_frame_bytes):
-        chunk = bytes(view[start:start + max_frame_bytes])
-        last = start + max_frame_bytes >= len(view)
-        frames.append(frame(DATA, END_STREAM if end_stream and last else 0, stream_id, chunk))
-    return frames
-
-
 def parse_settings(payload: bytes) -> dict[int, int]:
     """The settings of a SETTINGS frame, checked as RFC 9113 section 6.5.2 requires."""
     if len(payload) % 6:

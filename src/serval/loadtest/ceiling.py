@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import httptools
 
-from serval.loadtest.closed_loop import encode_http_request, run_closed_loop
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.http_client import encode_http_request
 
 RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
             b"\r\n{}")
-BOUND_SHARE = 0.7  # a step above this share of the ceiling may be limited by the generator
 
 
 class TrivialProtocol(asyncio.Protocol):

@@ -4,7 +4,7 @@ Request k of a process is due at start + k / rate. It goes out on an idle keep-a
 (a new one is opened when none is idle, up to `max_connections`; past that it waits for one), and
 its latency is measured from the time it was *due*, not the time it left: a server that stalls
 shows the stall in every request scheduled behind it (no coordinated omission). Connections are
-raw asyncio protocols parsed by httptools on uvloop, split over forked processes like the
+the shared http_client.HttpClientConnection on uvloop, split over forked processes like the
 closed-loop generator (see closed_loop.py), and the results merge through stats.summarize.
 """
 
@@ -14,16 +14,18 @@ import asyncio
 import contextlib
 import threading
 import time
-from array import array
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import httptools
-
-from serval.loadtest.closed_loop import CONNECT_TIMEOUT_S, DEFAULT_TIMEOUT_S
+from serval.loadtest.http_client import (
+    CONNECT_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    HttpClientConnection,
+    Tally,
+)
 from serval.loadtest.processes import run_loop, run_shares
-from serval.loadtest.stats import StepResult, summarize, window_share
+from serval.loadtest.stats import StepResult, summarize
 
 _perf_ns = time.perf_counter_ns
 
@@ -70,37 +72,51 @@ def _run(schedule: _Schedule, barrier: Any) -> dict[str, Any]:
 
 @dataclass
 class _State:
-    """One process's clock, connection pool, backlog and measurements."""
+    """One process's clock, connection pool and backlog (the owner of every connection)."""
 
     plan: _Schedule
+    tally: Tally
     start_ns: int = 0
-    measure_from_ns: int = 0
-    stop_at_ns: int = 0
-    latencies: array[int] = field(default_factory=lambda: array("q"))
-    served: float = 0.0
-    answered: int = 0
-    errors: Counter[str] = field(default_factory=Counter)
-    idle: list[_Connection] = field(default_factory=list)
-    busy: set[_Connection] = field(default_factory=set)
+    idle: list[HttpClientConnection] = field(default_factory=list)
+    busy: set[HttpClientConnection] = field(default_factory=set)
     connecting: int = 0
     backlog: deque[tuple[int, int]] = field(default_factory=deque)  # (request index, due ns)
 
     def due_ns(self, k: int) -> int:
         return self.start_ns + int((k + self.plan.phase) * 1e9 / self.plan.rate_rps)
 
-    def part(self) -> dict[str, Any]:
-        return {"latencies": self.latencies.tobytes(), "served": self.served,
-                "answered": self.answered, "errors": dict(self.errors)}
+    def send(self, conn: HttpClientConnection, k: int, due_ns: int) -> None:
+        self.busy.add(conn)
+        conn.send(k, due_ns)
+
+    def opened(self, conn: HttpClientConnection) -> None:
+        pass
+
+    def answered(self, conn: HttpClientConnection, status: int) -> None:
+        self.busy.discard(conn)
+        if not conn.parser.should_keep_alive():
+            conn.close()
+        elif self.backlog:
+            self.send(conn, *self.backlog.popleft())
+        else:
+            self.idle.append(conn)
+
+    def lost(self, conn: HttpClientConnection) -> None:
+        if conn in self.busy:
+            self.busy.discard(conn)
+            if not conn.closing:
+                self.tally.errors["connection"] += 1
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
 
 
 async def _drive(plan: _Schedule, barrier: Any) -> dict[str, Any]:
-    state = _State(plan)
+    state = _State(plan, Tally(plan.requests))
     if barrier is not None:
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=30.0)
     state.start_ns = _perf_ns()
-    state.measure_from_ns = state.start_ns + int(plan.warmup_s * 1e9)
-    state.stop_at_ns = state.measure_from_ns + int(plan.duration_s * 1e9)
+    state.tally.start(state.start_ns, plan.warmup_s, plan.duration_s)
     watchdog = asyncio.create_task(_watchdog(state))
     try:
         await _send_on_schedule(state)
@@ -109,19 +125,20 @@ async def _drive(plan: _Schedule, barrier: Any) -> dict[str, Any]:
         watchdog.cancel()
         for conn in [*state.idle, *state.busy]:
             conn.close()
-    return state.part()
+    return state.tally.part()
 
 
 async def _send_on_schedule(state: _State) -> None:
     k = 0
+    stop_at_ns = state.tally.stop_at_ns
     while True:
         now = _perf_ns()
         while (due := state.due_ns(k)) <= now:
-            if due >= state.stop_at_ns:
+            if due >= stop_at_ns:
                 return
             _dispatch(state, k, due)
             k += 1
-        if due >= state.stop_at_ns:
+        if due >= stop_at_ns:
             return
         await asyncio.sleep((due - now) / 1e9)
 
@@ -131,13 +148,13 @@ async def _drain(state: _State) -> None:
     deadline = _perf_ns() + int(state.plan.timeout_s * 1e9)
     while (state.busy or state.backlog or state.connecting) and _perf_ns() < deadline:
         await asyncio.sleep(0.005)
-    state.errors["timeout"] += len(state.busy) + len(state.backlog)
+    state.tally.errors["timeout"] += len(state.busy) + len(state.backlog)
     state.backlog.clear()
 
 
 def _dispatch(state: _State, k: int, due_ns: int) -> None:
     if state.idle:
-        state.idle.pop().send(k, due_ns)
+        state.send(state.idle.pop(), k, due_ns)
     elif len(state.busy) + state.connecting < state.plan.max_connections:
         state.connecting += 1
         asyncio.get_running_loop().create_task(_open_and_send(state, k, due_ns))
@@ -149,14 +166,15 @@ async def _open_and_send(state: _State, k: int, due_ns: int) -> None:
     loop = asyncio.get_running_loop()
     try:
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _Connection(state), state.plan.host, state.plan.port),
+            loop.create_connection(lambda: HttpClientConnection(state.tally, state),
+                                   state.plan.host, state.plan.port),
             timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError):
-        state.errors["connection"] += 1
+        state.tally.errors["connection"] += 1
         return
     finally:
         state.connecting -= 1
-    conn.send(k, due_ns)
+    state.send(conn, k, due_ns)
 
 
 async def _watchdog(state: _State) -> None:
@@ -166,66 +184,6 @@ async def _watchdog(state: _State) -> None:
         await asyncio.sleep(min(1.0, state.plan.timeout_s / 4))
         now = _perf_ns()
         for conn in list(state.busy):
-            if now - conn.due_ns > timeout_ns:
-                state.errors["timeout"] += 1
+            if now - conn.origin_ns > timeout_ns:
+                state.tally.errors["timeout"] += 1
                 conn.close()
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection carrying one scheduled request at a time."""
-
-    def __init__(self, state: _State) -> None:
-        self.state = state
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.due_ns = 0
-        self.closing = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def send(self, k: int, due_ns: int) -> None:
-        requests = self.state.plan.requests
-        self.due_ns = due_ns
-        self.state.busy.add(self)
-        assert self.transport is not None
-        self.transport.write(requests[k % len(requests)])
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.state.errors["bad_response"] += 1
-            self.close()
-
-    def on_message_complete(self) -> None:
-        now, state, due = _perf_ns(), self.state, self.due_ns
-        status = self.parser.get_status_code()
-        state.busy.discard(self)
-        if 200 <= status < 300:
-            state.answered += 1
-            if due >= state.measure_from_ns:
-                state.latencies.append(now - due)
-            state.served += window_share(due, now, state.measure_from_ns, state.stop_at_ns)
-        else:
-            state.errors[f"http_{status}"] += 1
-        if not self.parser.should_keep_alive():
-            self.close()
-        elif state.backlog:
-            self.send(*state.backlog.popleft())
-        else:
-            state.idle.append(self)
-
-    def close(self) -> None:
-        self.closing = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        state = self.state
-        if self in state.busy:
-            state.busy.discard(self)
-            if not self.closing:
-                state.errors["connection"] += 1
-        with contextlib.suppress(ValueError):
-            state.idle.remove(self)

@@ -20,6 +20,7 @@ from serval.loadtest.stats import StepResult
 
 RESULTS_FORMAT = "serval-loadtest/1"
 REQUEST_SETS = 16  # distinct pre-encoded requests, sent round-robin
+BOUND_SHARE = 0.7  # a step above this share of the generator's ceiling may be limited by it
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def run_step(spec: LoadtestSpec, requests: list[bytes], mode: str, level: float)
 
 def step_json(mode: str, result: StepResult, ceiling_rps: float | None) -> dict[str, Any]:
     """One step as the results file stores it."""
-    bound = bool(ceiling_rps and result.throughput_rps >= 0.7 * ceiling_rps)
+    bound = bool(ceiling_rps and result.throughput_rps >= BOUND_SHARE * ceiling_rps)
     return {"mode": mode,
             "concurrency": result.concurrency if mode == "closed" else None,
             "offered_rps": result.offered_rps if mode == "open" else None,

@@ -8,33 +8,22 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from serval.loadtest.closed_loop import encode_http_request
+from serval.loadtest.http_client import encode_http_request
+from serval.protocol.dtypes import NUMERIC_DATATYPES, numpy_dtype, v2_datatype
+from serval.protocol.types import TensorSpec
 
-NUMPY = {"FP32": np.float32, "FP64": np.float64, "FP16": np.float16, "INT64": np.int64,
-         "INT32": np.int32, "INT16": np.int16, "INT8": np.int8, "UINT8": np.uint8,
-         "BOOL": np.bool_}
 TOKEN_RANGE = 30000  # integer inputs: ids valid for common vocabularies
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
 class WorkloadError(ValueError):
     """The model or the sample file cannot give valid requests (the message says why)."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One model input as the server's metadata declares it (-1: any size)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
 
 
 def fetch_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -68,14 +57,14 @@ def generated_feeds(specs: list[TensorSpec], batch: int, count: int, seed: int =
 
 
 def _random_tensor(spec: TensorSpec, batch: int, rng: np.random.Generator) -> np.ndarray:
-    if spec.datatype not in NUMPY:
+    if spec.datatype not in NUMERIC_DATATYPES:
         raise WorkloadError(f"input {spec.name!r}: cannot generate {spec.datatype} data; "
                             "give a sample file with --input-file")
     dims = list(spec.shape)
     if dims and dims[0] < 0:
         dims[0] = batch
     shape = [d if d > 0 else 1 for d in dims]
-    dtype = NUMPY[spec.datatype]
+    dtype = numpy_dtype(spec.datatype)
     if spec.name == "attention_mask":
         return np.ones(shape, dtype=dtype)
     if dtype == np.bool_:
@@ -106,12 +95,12 @@ def _feed_from_body(path: Path, body: Any) -> dict[str, np.ndarray]:
     feed = {}
     for tensor in inputs:
         try:
-            dtype = NUMPY[tensor["datatype"]]
+            dtype = _numeric_dtype(tensor["datatype"])
             feed[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(
                 tensor["shape"])
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkloadError(f"{path}: input {tensor.get('name', '?')!r} needs name, "
-                                f"datatype (one of {', '.join(NUMPY)}), shape and data "
+                                f"datatype (one of {', '.join(NUMERIC_DATATYPES)}), shape and data "
                                 f"that fit: {exc}") from None
     return feed
 
@@ -124,18 +113,22 @@ def http_requests(model: str, feeds: list[dict[str, np.ndarray]], binary: bool,
     return [encode_http_request("POST", path, *encode(feed), host=host) for feed in feeds]
 
 
-def _v2_type(array: np.ndarray) -> str:
-    return next(name for name, dtype in NUMPY.items() if array.dtype == dtype)
+def _numeric_dtype(datatype: str) -> np.dtype:
+    if datatype not in NUMERIC_DATATYPES:
+        raise ValueError(f"{datatype} is not a numeric datatype")
+    return numpy_dtype(datatype)
 
 
 def _json_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
-                       "data": array.ravel().tolist()} for name, array in feed.items()]}
+    doc = {"inputs": [{"name": name, "datatype": v2_datatype(array.dtype),
+                       "shape": list(array.shape), "data": array.ravel().tolist()}
+                      for name, array in feed.items()]}
     return orjson.dumps(doc), {"Content-Type": "application/json"}
 
 
 def _binary_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    doc = {"inputs": [{"name": name, "datatype": _v2_type(array), "shape": list(array.shape),
+    doc = {"inputs": [{"name": name, "datatype": v2_datatype(array.dtype),
+                       "shape": list(array.shape),
                        "parameters": {"binary_data_size": array.nbytes}}
                       for name, array in feed.items()],
            "parameters": {"binary_data_output": True}}
@@ -154,7 +147,7 @@ def grpc_requests(model: str, feeds: list[dict[str, np.ndarray]]) -> list[bytes]
     for feed in feeds:
         request = pb.ModelInferRequest(model_name=model)
         for name, array in feed.items():
-            request.inputs.add(name=name, datatype=_v2_type(array), shape=array.shape)
+            request.inputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
             request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
         out.append(request.SerializeToString())
     return out

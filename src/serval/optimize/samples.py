@@ -6,27 +6,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from serval.errors import ConfigError
 from serval.optimize.deps import require
+from serval.protocol.dtypes import NUMERIC_DATATYPES, from_onnx_type, numpy_dtype
+from serval.protocol.types import TensorSpec
 
 Feeds = dict[str, np.ndarray]
 DEFAULT_SEQUENCE = 32
-FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}
-INT_TYPES = {6: np.int32, 7: np.int64, 2: np.uint8, 3: np.int8, 9: np.bool_}
 
 
 @dataclass(frozen=True, slots=True)
 class InputSpec:
-    """One model input: name, numpy dtype, dims (None where free), and the exclusive upper
-    bound of valid integer values when the graph reveals one (an embedding table's rows)."""
+    """One model input (its v2 spec) and the exclusive upper bound of valid integer values
+    when the graph reveals one (an embedding table's rows)."""
 
-    name: str
-    dtype: np.dtype[np.generic]
-    dims: tuple[int | None, ...]
+    tensor: TensorSpec
     int_high: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def dtype(self) -> np.dtype:
+        return numpy_dtype(self.tensor.datatype)
 
 
 def sentences() -> list[str]:
@@ -47,13 +54,22 @@ def input_specs(model_path: Path) -> list[InputSpec]:
         if value.name in initializers:
             continue
         tensor = value.type.tensor_type
-        dtype = FLOAT_TYPES.get(tensor.elem_type) or INT_TYPES.get(tensor.elem_type)
-        if dtype is None:
+        datatype = _numeric_datatype(onnx, tensor.elem_type)
+        if datatype is None:
             raise ConfigError(f"input '{value.name}': element type {tensor.elem_type} is not "
                               "supported for generated samples; pass --samples")
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        specs.append(InputSpec(value.name, np.dtype(dtype), dims, bounds.get(value.name)))
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+        specs.append(InputSpec(TensorSpec(value.name, datatype, shape), bounds.get(value.name)))
     return specs
+
+
+def _numeric_datatype(onnx: Any, elem_type: int) -> str | None:
+    """The v2 datatype of an ONNX element type, if it is numeric (or BOOL)."""
+    try:  # ONNX Runtime spells element types as tensor(<TensorProto name, lower case>)
+        datatype = from_onnx_type(f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})")
+    except ValueError:
+        return None
+    return datatype if datatype in NUMERIC_DATATYPES else None
 
 
 def _gather_bounds(graph: object, initializers: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -77,7 +93,7 @@ def random_inputs(specs: list[InputSpec], batch: int, seed: int,
     rng = np.random.default_rng(seed)
     feeds: Feeds = {}
     for spec in specs:
-        shape = (batch, *(d if d is not None else sequence for d in spec.dims[1:]))
+        shape = (batch, *(d if d >= 0 else sequence for d in spec.tensor.shape[1:]))
         feeds[spec.name] = _random_tensor(spec, shape, rng)
     return feeds
 

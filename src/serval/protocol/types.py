@@ -1,4 +1,5 @@
-"""Transport-neutral v2 inference messages: what a decoded request and a response hold."""
+"""Transport-neutral v2 types: a tensor's spec (as model metadata lists it) and what a decoded
+request and a response hold."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ from typing import Any
 import numpy as np
 
 TensorDict = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One input or output: v2 datatype and shape (-1 for a free dimension, batch included)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, object]:
+        """As v2 model metadata lists a tensor."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 @dataclass(slots=True)

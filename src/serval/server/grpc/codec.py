@@ -9,18 +9,10 @@ import numpy as np
 
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
-from serval.protocol.dtypes import numpy_dtype, v2_datatype
+from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.shapes import check_shape
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
 from serval.server.grpc.proto import grpc_service_pb2 as pb
-
-# The typed `contents` field that carries each datatype (FP16 and BF16 travel raw only).
-CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
@@ -61,11 +53,11 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
 
 def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
     name, datatype = tensor.name, tensor.datatype
-    dtype = numpy_dtype(datatype)
+    row = lookup(datatype)
     shape = check_shape(list(tensor.shape), name)
     if raw is not None:
         return tensor_from_raw(raw, 0, len(raw), datatype, shape, name, "raw_input_contents has")
-    field = CONTENTS_FIELD.get(datatype)
+    field = row.grpc_contents  # FP16 travels raw only
     if field is None:
         raise InvalidInput(f"input '{name}': {datatype} has no typed contents field; "
                            "send it in raw_input_contents")
@@ -74,7 +66,7 @@ def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
     if len(values) != count:
         raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, "
                            f"contents.{field} has {len(values)}")
-    return _typed_array(values, dtype, datatype, name).reshape(shape)
+    return _typed_array(values, row.numpy, datatype, name).reshape(shape)
 
 
 def _typed_array(values: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:

@@ -28,7 +28,7 @@ _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
 
 # gRPC status codes used by the transport itself
-OK, CANCELLED, INVALID_ARGUMENT, INTERNAL = 0, 1, 3, 13
+OK, INVALID_ARGUMENT, INTERNAL = 0, 3, 13
 UNIMPLEMENTED, RESOURCE_EXHAUSTED = 12, 8
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from serval import __version__
+from serval.protocol.dtypes import V2_DATATYPES
 
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-             "FP16", "FP32", "FP64", "BYTES"]
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _MODEL = {"name": "model", "in": "path", "required": True,
           "schema": {"type": "string", "minLength": 1}}
@@ -127,10 +126,10 @@ def _repository_action(verb: str) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     string_list = {"type": "array", "items": {"type": "string"}}
     tensor_properties: dict[str, Any] = {
-        "name": {"type": "string"}, "datatype": {"type": "string", "enum": DATATYPES},
+        "name": {"type": "string"}, "datatype": {"type": "string", "enum": list(V2_DATATYPES)},
         "shape": {"type": "array", "items": {"type": "integer"}}}
     tensor_meta = {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
-        "name": {"type": "string"}, "datatype": {"type": "string", "enum": DATATYPES},
+        "name": {"type": "string"}, "datatype": {"type": "string", "enum": list(V2_DATATYPES)},
         "shape": {"type": "array", "items": {"type": "integer"}}}}
     data = {"type": "array", "items": {}}
     return {
