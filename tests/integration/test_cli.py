@@ -1,21 +1,78 @@
-"""The `serval` command line: version, model listing, and one-line failures."""
+"""The `serval` command line: version, model listing, whole help pages, one-line failures."""
 
 from __future__ import annotations
 
+import os
+import pty
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
+from serval.cli.main import app
 from tests import fixture_models
 
 pytestmark = pytest.mark.integration
 
 
-def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+def _serval(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"COLUMNS": str(columns)} if columns else {})}
     return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
+
+
+def _on_a_terminal(args: list[str], columns: int) -> str:
+    """Run `serval ARGS` with a pseudo-terminal of COLUMNS as its stdout; its text, unstyled."""
+    main, side = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm"}
+    process = subprocess.Popen([sys.executable, "-m", "serval", *args], stdout=side,
+                               stderr=side, stdin=subprocess.DEVNULL, env=env)
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert process.wait(timeout=60) == 0
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+
+
+def _commands(command: Any = None, path: tuple[str, ...] = ()) -> Iterator[tuple[list[str],
+                                                                                 list[str]]]:
+    """Every command and group of the real app: (its words, its option names)."""
+    command = command or typer.main.get_command(app)
+    context = command.make_context("serval", [], resilient_parsing=True)
+    names = [name for param in command.get_params(context)
+             for name in (*param.opts, *param.secondary_opts) if name.startswith("-")]
+    yield list(path), names
+    for name in getattr(command, "commands", {}):
+        yield from _commands(command.commands[name], (*path, name))
+
+
+COMMANDS = list(_commands())
+
+
+@pytest.mark.parametrize(("words", "options"), COMMANDS, ids=[" ".join(w) or "serval"
+                                                              for w, _ in COMMANDS])
+def test_help_keeps_every_option_name_whole_at_80_columns(words: list[str],
+                                                          options: list[str]) -> None:
+    piped = _serval(*words, "--help", columns=80)
+    assert piped.returncode == 0, piped.stderr
+    for text in (piped.stdout, _on_a_terminal([*words, "--help"], 80)):
+        assert "\u2026" not in text  # rich's mark of a cut cell
+        assert max(len(line) for line in text.splitlines()) <= 80
+        for option in options:
+            assert re.search(rf"(^|[\s,]){re.escape(option)}([\s,]|$)", text, re.M), option
 
 
 def test_version() -> None:

@@ -8,16 +8,17 @@ from typing import Any
 
 import typer
 
+from serval.cli.command import ServalCommand, ServalGroup
 from serval.errors import ConfigError
 
-app = typer.Typer(help="Scale out on Ray Serve: one Serval across many machines.",
-                  no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Scale out on Ray Serve: one Serval across many machines.")
 ADDRESS = typer.Option(..., "--address", "-a",
                        help="Ray cluster address (HOST:6379, ray://HOST:10001 or 'auto').")
 NAME = typer.Option("serval", "--name", help="Ray Serve application name.")
 
 
-@app.command("deploy")
+@app.command("deploy", cls=ServalCommand)
 def deploy_command(
     address: str = ADDRESS,
     repository: str = typer.Option(..., "--repository", "-r",
@@ -59,7 +60,7 @@ def deploy_command(
     typer.echo(f"serval deployed as Ray Serve application '{name}': http://{shown}:{http_port}/v2")
 
 
-@app.command("status")
+@app.command("status", cls=ServalCommand)
 def status_command(address: str = ADDRESS, name: str = NAME) -> None:
     """The application's state and its deployments' replica counts."""
     serve = _connect(address)
@@ -73,7 +74,7 @@ def status_command(address: str = ADDRESS, name: str = NAME) -> None:
         typer.echo(f"  {deployment}: {_word(status.status)} ({states})")
 
 
-@app.command("delete")
+@app.command("delete", cls=ServalCommand)
 def delete_command(address: str = ADDRESS, name: str = NAME) -> None:
     """Remove the application (its replicas finish in-flight requests first)."""
     serve = _connect(address)

@@ -8,13 +8,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from serval.cli.command import ServalCommand, ServalGroup
 from serval.errors import ConfigError
 from serval.repository.layout import scan_repository
 
-app = typer.Typer(help="Inspect the models of a repository.", no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Inspect the models of a repository.")
 
 
-@app.command("list")
+@app.command("list", cls=ServalCommand)
 def list_models(
     repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
 ) -> None:

@@ -14,18 +14,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from serval.cli.command import ServalCommand, ServalGroup
 from serval.errors import ConfigError
 from serval.repository import store
 
 T = TypeVar("T")
 
-app = typer.Typer(help="Versioned snapshots of models: publish, history, rollback, verify.",
-                  no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Versioned snapshots of models: publish, history, rollback, verify.")
 REPOSITORY = typer.Option(..., "--repository", "-r", help="Model repository folder.")
 SERVER = typer.Option(None, "--server", help="host:port of a running Serval to reload now.")
 
 
-@app.command("publish")
+@app.command("publish", cls=ServalCommand)
 def publish_command(
     source: Path = typer.Argument(..., help="Model file or folder to publish."),
     repository: Path = REPOSITORY,
@@ -41,7 +42,7 @@ def publish_command(
     _reload(server, model)
 
 
-@app.command("history")
+@app.command("history", cls=ServalCommand)
 def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY) -> None:
     """Every version of MODEL, oldest first; the serving one is marked."""
     records = _run(lambda: store.history(repository, model))
@@ -52,7 +53,7 @@ def history_command(model: str = typer.Argument(...), repository: Path = REPOSIT
     Console().print(table)
 
 
-@app.command("rollback")
+@app.command("rollback", cls=ServalCommand)
 def rollback_command(
     model: str = typer.Argument(...),
     repository: Path = REPOSITORY,
@@ -65,7 +66,7 @@ def rollback_command(
     _reload(server, model)
 
 
-@app.command("verify")
+@app.command("verify", cls=ServalCommand)
 def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
     """Check every version's files against its manifest; exits 1 if any is corrupted."""
     models = [model] if model else sorted(p.name for p in repository.iterdir() if p.is_dir()
