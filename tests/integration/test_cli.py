@@ -94,6 +94,16 @@ def test_models_list_shows_valid_and_invalid_configs(tmp_path: Path) -> None:
     [
         (["serve", "--repository", "/no/such/dir"], "is not a directory"),
         (["models", "list", "--repository", "/no/such/dir"], "not found"),
+        (["loadtest", "http://127.0.0.1:9", "-m", "m", "--duration", "3x"],
+         "'3x' is not a duration"),
+        (["loadtest", "http://127.0.0.1:9", "-m", "m", "--timeout", "0ms"], "must be > 0"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "5", "--budget", "ten"],
+         "'ten' is not a duration"),
+        (["serve", "-r", "/tmp", "--header-timeout-s", "2q"], "'2q' is not a duration"),
+        (["plan", "x.json", "--slo-p99-ms", "fast"], "'fast' is not a duration"),
+        (["serve"], "Missing option '--repository'"),
+        (["serve", "-r", "/tmp", "--http-port", "http"], "--http-port"),
+        (["nosuch"], "No such command 'nosuch'"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.duration import seconds
 from serval.errors import ConfigError
 
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
@@ -31,8 +32,9 @@ def deploy_command(
     target_ongoing_requests: float = typer.Option(
         32.0, "--target-ongoing-requests", help="Autoscaling target per replica."),
     replica_cpus: float = typer.Option(1.0, "--replica-cpus", help="CPUs per replica."),
-    poll_interval_s: float = typer.Option(2.0, "--poll-interval-s",
-                                          help="Repository polling (publish/rollback)."),
+    poll_interval_s: float = typer.Option(
+        2.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
+        help="Repository polling (publish/rollback)."),
     host: str = typer.Option("0.0.0.0", help="Address Ray's HTTP proxies listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="Ray Serve's HTTP port."),
     name: str = NAME,

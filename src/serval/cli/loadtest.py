@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from serval.cli.duration import seconds
 from serval.loadtest.runner import LoadtestSpec, run_loadtest
 from serval.loadtest.workloads import WorkloadError
 
@@ -44,14 +45,17 @@ def loadtest_command(
     concurrency: str = typer.Option(None, "--concurrency", "-c",
                                     help="Closed-loop sweep, e.g. 1,16,64,256,400."),
     rate: str = typer.Option(None, "--rate", "-r", help="Open-loop rates (req/s), e.g. 100,200."),
-    duration_s: float = typer.Option(10.0, "--duration", help="Measured seconds per step."),
-    warmup_s: float = typer.Option(2.0, "--warmup", help="Unmeasured seconds before each step."),
+    duration_s: float = typer.Option("10s", "--duration", parser=seconds, metavar="DURATION",
+                                      help="Measured time per step, e.g. 30s, 2m."),
+    warmup_s: float = typer.Option("2s", "--warmup", parser=seconds, metavar="DURATION",
+                                    help="Unmeasured time before each step."),
     input_file: Path = typer.Option(None, "--input-file",
                                     help="A v2 JSON request (or a list of them) to send."),
     batch: int = typer.Option(1, "--batch", min=1, help="Rows per generated request."),
     json_body: bool = typer.Option(False, "--json", help="JSON tensors (default: binary)."),
     processes: int = typer.Option(0, "--processes", min=0, help="Generator processes; 0: auto."),
-    timeout_s: float = typer.Option(30.0, "--timeout", help="Per-request timeout (s)."),
+    timeout_s: float = typer.Option("30s", "--timeout", parser=seconds, metavar="DURATION",
+                                     help="Per-request timeout."),
     metadata_url: str = typer.Option(None, "--metadata-url",
                                      help="HTTP base URL for metadata when using --grpc."),
     hardware: str = typer.Option(None, "--hardware", help="Tag results with a catalog name."),

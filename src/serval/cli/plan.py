@@ -8,12 +8,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from serval.cli.duration import milliseconds
 from serval.cli.loadtest import fail
 
 
 def plan_command(
     results: list[Path] = typer.Argument(..., help="Results of `serval loadtest --hardware`."),
-    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help="Latency target: p99 in ms."),
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", parser=milliseconds,
+                                      metavar="DURATION", help="Latency target: p99 in ms."),
     target_rps: float = typer.Option(None, "--target-rps", help="Rate to provision for."),
     catalog_path: Path = typer.Option(None, "--catalog", help="Hardware catalog YAML "
                                       "(default: the one shipped with Serval)."),

@@ -8,6 +8,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
+from serval.cli.duration import milliseconds, seconds
 from serval.config import MIB, ServerConfig, TransportLimits
 from serval.errors import ConfigError
 
@@ -16,11 +17,14 @@ _DEFAULT_LIMITS = TransportLimits()
 
 
 def _limit(field: str, help_text: str, unit: int = 1) -> Any:
-    """A limit's flag: its default from TransportLimits (in the flag's unit), in its own panel."""
+    """A limit's flag: its default from TransportLimits (in the flag's unit), in its own panel;
+    a timeout (`_s`) takes a duration."""
     default = getattr(_DEFAULT_LIMITS, field)
     if unit != 1:
         default = default / unit
-    return typer.Option(default, help=help_text, rich_help_panel="Limits and timeouts")
+    parser = seconds if field.endswith("_s") else None
+    return typer.Option(default, help=help_text, rich_help_panel="Limits and timeouts",
+                        parser=parser, metavar="DURATION" if parser else None)
 
 
 
@@ -49,13 +53,14 @@ def serve_command(
         4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
     ),
     default_timeout_ms: float = typer.Option(
-        0.0, "--default-timeout-ms", help="Deadline for requests that set none (0: none)."
+        0.0, "--default-timeout-ms", parser=milliseconds, metavar="DURATION",
+        help="Deadline for requests that set none (0: none)."
     ),
     metrics_top_k: int = typer.Option(
         100, "--metrics-top-k", help="Per-model metric series for the K busiest; others summed."
     ),
     poll_interval_s: float = typer.Option(
-        0.0, "--poll-interval-s",
+        0.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
     ),
     workers: int = typer.Option(
