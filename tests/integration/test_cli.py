@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -87,6 +88,34 @@ def test_models_list_shows_valid_and_invalid_configs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "linear" in result.stdout and "32" in result.stdout
     assert "invalid" in result.stdout and "max_batch_size" in result.stdout
+
+
+def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    long_name = "a-model-whose-name-is-longer-than-any-column-an-80-column-table-could-give"
+    fixture_models.linear(models, name=long_name)
+    fixture_models.add_sub(models, name="bad", config="max_batch_size: -3\n")
+    table = _serval("models", "list", "--repository", str(models), columns=80)
+    assert table.returncode == 0, table.stderr
+    assert long_name in table.stdout and "\u2026" not in table.stdout
+    rows = json.loads(_serval("models", "list", "-r", str(models), "--format", "json").stdout)
+    assert {r["model"]: r["max_batch_size"] for r in rows} == {long_name: 32, "bad": None}
+    assert "max_batch_size" in next(r["status"] for r in rows if r["model"] == "bad")
+    md = _serval("models", "list", "-r", str(models), "--format", "md").stdout.splitlines()
+    assert md[0] == "| model | versions | backend | max batch | instances | status |"
+    assert f"| {long_name} | 1 | onnxruntime | 32 | 1 | ok |" in md
+
+    repository = tmp_path / "repo"
+    source = next(models.glob(f"{long_name}/1/*.onnx"))
+    note = "exported-from-a-notebook-by-someone-who-writes-long-provenance-notes"
+    assert _serval("repo", "publish", str(source), "-r", str(repository), "-m", "clf",
+                   "--note", note).returncode == 0
+    history = _serval("repo", "history", "clf", "-r", str(repository), columns=80)
+    assert history.returncode == 0 and note in history.stdout, history.stdout
+    (record,) = json.loads(_serval("repo", "history", "clf", "-r", str(repository),
+                                   "--format", "json").stdout)
+    assert record["version"] == "1" and record["serving"] is True and record["source"] == note
+    assert record["created"] in history.stdout
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,7 @@ def _is_usage_error(exc: Exception) -> bool:
 def usage_error(exc: Any) -> NoReturn:
     """'serval: Missing option '--model'. (see 'serval tune --help')' on stderr; exit 2."""
     message = " ".join(str(exc.format_message()).split())
+    message = message.replace("Value error, ", "")  # pydantic's prefix, from typer's coercion
     ctx = getattr(exc, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
     typer.echo(f"serval: {message}{hint}", err=True)

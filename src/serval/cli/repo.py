@@ -12,9 +12,9 @@ from typing import TypeVar
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
 from serval.repository import store
 
@@ -43,14 +43,17 @@ def publish_command(
 
 
 @app.command("history", cls=ServalCommand)
-def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY) -> None:
+def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY,
+                    output: OutputFormat = FORMAT) -> None:
     """Every version of MODEL, oldest first; the serving one is marked."""
     records = _run(lambda: store.history(repository, model))
-    table = Table("version", "serving", "created", "source", "files")
+    rows = Rows([Column("version", "version"), Column("serving", "serving"),
+                 Column("created", "created"), Column("source", "source"),
+                 Column("files", "files", True)])
     for record in records:
-        table.add_row(record.version, "*" if record.serving else "", record.created_at,
-                      record.source, str(len(record.files)))
-    Console().print(table)
+        rows.add(cell(record.version), Cell(record.serving, "*" if record.serving else ""),
+                 cell(record.created_at), cell(record.source), cell(len(record.files)))
+    emit(rows, output, Console())
 
 
 @app.command("rollback", cls=ServalCommand)
