@@ -133,6 +133,13 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
         (["serve"], "Missing option '--repository'"),
         (["serve", "-r", "/tmp", "--http-port", "http"], "--http-port"),
         (["nosuch"], "No such command 'nosuch'"),
+        (["models", "list", "-r", "/tmp", "--format", "xml"], "'xml' is not one of"),
+        (["repo", "verify", "--repository", "/no/such/dir"], "directory not found"),
+        (["token", "create", "--tokens-file", "/no/such/dir/t.yaml", "--scope", "read"],
+         "cannot write /no/such/dir/t.yaml"),
+        (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
+         "cannot load them"),
+        (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem"], "go together"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:
@@ -140,6 +147,24 @@ def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> 
     assert result.returncode != 0
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_broken_files_fail_with_one_line(tmp_path: Path) -> None:
+    """YAML errors span lines; the reason still comes as one, with no traceback."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text("max_batch_size: [\n")
+    (tmp_path / "tokens.yaml").write_text("tokens: [\n")
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    for args, message in (
+        (["tune", "-r", str(tmp_path), "-m", "m", "--slo-p99-ms", "5"], "not valid YAML"),
+        (["token", "create", "--tokens-file", str(tmp_path / "tokens.yaml"), "--scope",
+          "read"], "cannot read tokens"),
+        (["serve", "-r", str(tmp_path), "--tls-cert", str(tmp_path / "cert.pem"),
+          "--tls-key", str(tmp_path / "cert.pem")], "cannot load them"),
+    ):
+        result = _serval(*args)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_serve_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.duration import seconds
 from serval.errors import ConfigError
 
@@ -51,7 +51,7 @@ def deploy_command(
     try:
         config = ClusterConfig.parse({k: v for k, v in args.items() if v is not None})
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     serve = _connect(address)
     from serval.cluster.ray import build_app
 
@@ -68,7 +68,7 @@ def status_command(address: str = ADDRESS, name: str = NAME) -> None:
     serve = _connect(address)
     application = serve.status().applications.get(name)
     if application is None:
-        _fail(f"no Ray Serve application named '{name}' on {address}")
+        fail(f"no Ray Serve application named '{name}' on {address}", 1)
     typer.echo(f"{name}: {_word(application.status)}")
     for deployment, status in application.deployments.items():
         states = ", ".join(f"{n} {_word(s).lower()}"
@@ -94,12 +94,12 @@ def _connect(address: str) -> Any:
         import ray
         from ray import serve
     except ImportError:
-        _fail("Ray Serve is not installed: pip install 'serval[cluster]'")
+        fail("Ray Serve is not installed: pip install 'serval[cluster]'", 1)
     _reachable(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        _fail(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}")
+        fail(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}", 1)
     return serve
 
 
@@ -111,9 +111,4 @@ def _reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
-        _fail(f"cannot connect to the Ray cluster at {address}: {exc}")
-
-
-def _fail(message: str) -> Any:
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(1)
+        fail(f"cannot connect to the Ray cluster at {address}: {exc}", 1)

@@ -41,11 +41,20 @@ class ServalGroup(TyperGroup):
         except typer.Abort:
             typer.echo("serval: aborted", err=True)
             sys.exit(1)
+        except OSError as exc:  # a file or socket the command needed: its reason, no traceback
+            typer.echo(f"serval: {' '.join(str(exc).split())}", err=True)
+            sys.exit(1)
         except Exception as exc:
             if not _is_usage_error(exc):
                 raise
             usage_error(exc)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Exit CODE with 'serval: MESSAGE' on stderr, on one line whatever MESSAGE holds."""
+    typer.echo(f"serval: {' '.join(message.split())}", err=True)
+    raise typer.Exit(code)
 
 
 def _is_usage_error(exc: Exception) -> bool:

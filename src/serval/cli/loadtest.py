@@ -7,23 +7,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from serval.cli.command import fail
 from serval.cli.duration import seconds
 from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.loadtest.runner import LoadtestSpec, run_loadtest
 from serval.loadtest.workloads import WorkloadError
-
-
-def fail(message: str) -> NoReturn:
-    """Exit non-zero with a one-line reason."""
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def parse_numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:

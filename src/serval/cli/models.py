@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
 from serval.repository.layout import scan_repository
@@ -25,8 +25,7 @@ def list_models(
     try:
         directories = scan_repository(repository)
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     rows = Rows([Column("model", "model"), Column("versions", "versions"),
                  Column("backend", "backend"), Column("max_batch_size", "max batch", True),
                  Column("instances", "instances", True), Column("status", "status")])

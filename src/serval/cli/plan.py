@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from serval.cli.command import fail
 from serval.cli.duration import milliseconds
-from serval.cli.loadtest import fail
 from serval.cli.tables import FORMAT, Column, OutputFormat, Rows, cell, emit
 
 

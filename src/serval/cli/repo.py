@@ -13,7 +13,7 @@ import orjson
 import typer
 from rich.console import Console
 
-from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
 from serval.repository import store
@@ -72,6 +72,8 @@ def rollback_command(
 @app.command("verify", cls=ServalCommand)
 def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
     """Check every version's files against its manifest; exits 1 if any is corrupted."""
+    if not repository.is_dir():
+        fail(f"{repository}: model repository directory not found")
     models = [model] if model else sorted(p.name for p in repository.iterdir() if p.is_dir()
                                           and not p.name.startswith((".", "_")))
     bad = 0
@@ -90,16 +92,14 @@ def _run(action: Callable[[], T]) -> T:
     try:
         return action()
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 def _read_report(path: Path) -> dict[str, object]:
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        typer.echo(f"serval: cannot read report {path}: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(f"cannot read report {path}: {exc}")
     return doc if isinstance(doc, dict) else {"report": doc}
 
 
@@ -110,9 +110,7 @@ def _reload(server: str | None, model: str) -> None:
     try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120)
     except urllib.error.HTTPError as exc:
-        typer.echo(f"serval: the server refused the reload: {exc.read().decode()}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"the server refused the reload: {exc.read().decode()}", 1)
     except OSError as exc:
-        typer.echo(f"serval: cannot reach the server at {server}: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"cannot reach the server at {server}: {exc}", 1)
     typer.echo(f"{server} reloaded {model}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
 import typer
 from pydantic import ValidationError
 
+from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
 from serval.config import MIB, ServerConfig, TransportLimits
 from serval.errors import ConfigError
@@ -161,25 +163,33 @@ def serve_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not repository.is_dir():
-        _fail(f"model repository '{repository}' is not a directory")
+        fail(f"model repository '{repository}' is not a directory")
     if workers > 1 and http_port == 0:
-        _fail("--workers > 1 needs a fixed --http-port (the workers share it)")
+        fail("--workers > 1 needs a fixed --http-port (the workers share it)")
     if grpc_port and grpc_port == http_port:
-        _fail(f"--grpc-port and --http-port are both {grpc_port}")
+        fail(f"--grpc-port and --http-port are both {grpc_port}")
+    _check_tls(tls_cert, tls_key)
     try:
         serve(config)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except OSError as exc:
-        _fail(str(exc) if exc.strerror is None else
+        fail(str(exc) if exc.strerror is None else
               f"cannot listen on {host}:{http_port}: {exc.strerror}")
+
+
+def _check_tls(cert: Path | None, key: Path | None) -> None:
+    """A certificate and key that do not load fail here, not later as a failure to listen."""
+    if cert is None or key is None:
+        return  # ServerConfig refuses one without the other
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError included
+        fail(f"--tls-cert {cert} with --tls-key {key}: cannot load them: {exc.strerror or exc}")
 
 
 def _one_line(exc: ValidationError) -> str:
     error = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(2)
+    where = ".".join(str(p) for p in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from serval.auth import create_token
-from serval.cli.command import ServalCommand, ServalGroup
+from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.errors import ConfigError
 
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
@@ -25,6 +25,7 @@ def create_command(
     try:
         secret = create_token(tokens_file, scope, name)
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {tokens_file}: {exc.strerror or exc}")
     typer.echo(secret)

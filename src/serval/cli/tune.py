@@ -10,8 +10,9 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
+from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
-from serval.cli.loadtest import fail, parse_numbers
+from serval.cli.loadtest import parse_numbers
 
 
 def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
@@ -49,7 +50,10 @@ def tune_command(
     if not model_dir.is_dir():
         fail(f"model folder '{model_dir}' does not exist")
     config_path = model_dir / "config.yaml"
-    base = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    try:
+        base = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    except yaml.YAMLError as exc:
+        fail(f"{config_path}: not valid YAML: {exc}")
     base = base or {}
     ort, batching = base.get("onnxruntime", {}), base.get("batching", {})
     versions = sorted((p.name for p in model_dir.iterdir() if p.name.isdigit()), key=int)
