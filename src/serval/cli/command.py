@@ -1,5 +1,6 @@
 """The command classes every `serval` command uses: help pages that never cut an option name at
-any terminal width or off a TTY, and usage errors as one line on stderr."""
+any terminal width or off a TTY; and every failure as one line on stderr, no traceback (usage
+errors, `fail` from a command, an OSError that reaches the top)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class ServalCommand(TyperCommand):
 
 
 class ServalGroup(TyperGroup):
-    """A group of commands: whole help pages, and every usage error as one line."""
+    """A group of commands: whole help pages; as the entry point, every usage error and stray
+    OSError as one line."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         print_help(self, ctx)

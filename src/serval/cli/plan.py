@@ -15,7 +15,8 @@ from serval.cli.tables import FORMAT, Column, OutputFormat, Rows, cell, emit
 def plan_command(
     results: list[Path] = typer.Argument(..., help="Results of `serval loadtest --hardware`."),
     slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", parser=milliseconds,
-                                      metavar="DURATION", help="Latency target: p99 in ms."),
+                                      metavar="DURATION",
+                                      help="Latency target: p99 (a bare number is ms)."),
     target_rps: float = typer.Option(None, "--target-rps", help="Rate to provision for."),
     catalog_path: Path = typer.Option(None, "--catalog", help="Hardware catalog YAML "
                                       "(default: the one shipped with Serval)."),

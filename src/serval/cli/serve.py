@@ -175,7 +175,7 @@ def serve_command(
         fail(str(exc))
     except OSError as exc:
         fail(str(exc) if exc.strerror is None else
-              f"cannot listen on {host}:{http_port}: {exc.strerror}")
+             f"cannot listen on {host}:{http_port}: {exc.strerror}")
 
 
 def _check_tls(cert: Path | None, key: Path | None) -> None:
