@@ -166,8 +166,9 @@ class DataPlane:
 
     def admit(self, name: str, version: str | None, deadline_ns: int | None = None,
               own_timeout: bool = False) -> None:
-        """Refuse at once (429) what infer would refuse for load, before the request is decoded:
-        under overload a refusal must cost far less than an answer.
+        """Refuse at once what infer would refuse before the request is decoded: an unknown
+        model or version (404, whatever the body), and load (429: under overload a refusal must
+        cost far less than an answer). The transports authorize first, then call this.
 
         `deadline_ns` (perf_counter_ns) is the transport's (gRPC deadline, Serval-Timeout-Ms);
         without one the server's --default-timeout-ms applies, unless the request may set its
@@ -176,10 +177,7 @@ class DataPlane:
         of it and the model's measured batch times, is refused with a Retry-After.
         """
         self._check_inflight()
-        try:
-            served = self.registry.get(name, version)
-        except ServalError:
-            return  # infer reports it
+        served = self.registry.get(name, version)  # ModelNotFound: 404 before the body
         batcher = served.batcher
         if batcher is not None:
             if deadline_ns is None and self.default_timeout_ns and not own_timeout:

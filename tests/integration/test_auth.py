@@ -7,10 +7,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
@@ -73,6 +75,32 @@ def test_scopes_decide_403(secured: tuple[RunningServer, dict[str, str]]) -> Non
     load = "/v2/repository/models/linear/load"
     assert call(server.url, "POST", load, headers=_bearer(tokens["read"])).status == 403
     assert call(server.url, "POST", load, headers=_bearer(tokens["admin"])).status == 200
+
+
+def test_authorization_then_the_model_then_the_body(
+    secured: tuple[RunningServer, dict[str, str]]
+) -> None:
+    """An empty body: 401 without a token, 403 out of scope, 404 for an unknown model in
+    scope, and only then 400 for the body itself; the same order over gRPC."""
+    server, tokens = secured
+    may_run_lin = _bearer(tokens["infer"])  # infer:lin*
+    assert call(server.url, "POST", "/v2/models/nope/infer", b"").status == 401
+    assert call(server.url, "POST", "/v2/models/nope/infer", b"", may_run_lin).status == 403
+    unknown = call(server.url, "POST", "/v2/models/linx/infer", b"", may_run_lin)
+    assert unknown.status == 404 and "unknown model 'linx'" in unknown.error
+    assert call(server.url, "POST", "/v2/models/linear/infer", b"", may_run_lin).status == 400
+    metadata = tuple(_grpc_bearer(tokens["infer"]).items())
+    cases = [("nope", (), grpc.StatusCode.UNAUTHENTICATED),
+             ("nope", metadata, grpc.StatusCode.PERMISSION_DENIED),
+             ("linx", metadata, grpc.StatusCode.NOT_FOUND),
+             ("linear", metadata, grpc.StatusCode.INVALID_ARGUMENT)]
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for model, sent, code in cases:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(service_pb2.ModelInferRequest(model_name=model), metadata=sent,
+                                timeout=30)
+            assert caught.value.code() == code, (model, caught.value.details())
 
 
 def test_tritonclient_with_tokens(secured: tuple[RunningServer, dict[str, str]]) -> None:

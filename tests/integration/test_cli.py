@@ -1,21 +1,79 @@
-"""The `serval` command line: version, model listing, and one-line failures."""
+"""The `serval` command line: version, model listing, whole help pages, one-line failures."""
 
 from __future__ import annotations
 
+import json
+import os
+import pty
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
+from serval.cli.main import app
 from tests import fixture_models
 
 pytestmark = pytest.mark.integration
 
 
-def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+def _serval(*args: str, columns: int | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"COLUMNS": str(columns)} if columns else {})}
     return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
+
+
+def _on_a_terminal(args: list[str], columns: int) -> str:
+    """Run `serval ARGS` with a pseudo-terminal of COLUMNS as its stdout; its text, unstyled."""
+    main, side = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm"}
+    process = subprocess.Popen([sys.executable, "-m", "serval", *args], stdout=side,
+                               stderr=side, stdin=subprocess.DEVNULL, env=env)
+    os.close(side)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert process.wait(timeout=60) == 0
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode())
+
+
+def _commands(command: Any = None, path: tuple[str, ...] = ()) -> Iterator[tuple[list[str],
+                                                                                 list[str]]]:
+    """Every command and group of the real app: (its words, its option names)."""
+    command = command or typer.main.get_command(app)
+    context = command.make_context("serval", [], resilient_parsing=True)
+    names = [name for param in command.get_params(context)
+             for name in (*param.opts, *param.secondary_opts) if name.startswith("-")]
+    yield list(path), names
+    for name in getattr(command, "commands", {}):
+        yield from _commands(command.commands[name], (*path, name))
+
+
+COMMANDS = list(_commands())
+
+
+@pytest.mark.parametrize(("words", "options"), COMMANDS, ids=[" ".join(w) or "serval"
+                                                              for w, _ in COMMANDS])
+def test_help_keeps_every_option_name_whole_at_80_columns(words: list[str],
+                                                          options: list[str]) -> None:
+    piped = _serval(*words, "--help", columns=80)
+    assert piped.returncode == 0, piped.stderr
+    for text in (piped.stdout, _on_a_terminal([*words, "--help"], 80)):
+        assert "\u2026" not in text  # rich's mark of a cut cell
+        assert max(len(line) for line in text.splitlines()) <= 80
+        for option in options:
+            assert re.search(rf"(^|[\s,]){re.escape(option)}([\s,]|$)", text, re.M), option
 
 
 def test_version() -> None:
@@ -32,11 +90,56 @@ def test_models_list_shows_valid_and_invalid_configs(tmp_path: Path) -> None:
     assert "invalid" in result.stdout and "max_batch_size" in result.stdout
 
 
+def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    long_name = "a-model-whose-name-is-longer-than-any-column-an-80-column-table-could-give"
+    fixture_models.linear(models, name=long_name)
+    fixture_models.add_sub(models, name="bad", config="max_batch_size: -3\n")
+    table = _serval("models", "list", "--repository", str(models), columns=80)
+    assert table.returncode == 0, table.stderr
+    assert long_name in table.stdout and "\u2026" not in table.stdout
+    rows = json.loads(_serval("models", "list", "-r", str(models), "--format", "json").stdout)
+    assert {r["model"]: r["max_batch_size"] for r in rows} == {long_name: 32, "bad": None}
+    assert "max_batch_size" in next(r["status"] for r in rows if r["model"] == "bad")
+    md = _serval("models", "list", "-r", str(models), "--format", "md").stdout.splitlines()
+    assert md[0] == "| model | versions | backend | max batch | instances | status |"
+    assert f"| {long_name} | 1 | onnxruntime | 32 | 1 | ok |" in md
+
+    repository = tmp_path / "repo"
+    source = next(models.glob(f"{long_name}/1/*.onnx"))
+    note = "exported-from-a-notebook-by-someone-who-writes-long-provenance-notes"
+    assert _serval("repo", "publish", str(source), "-r", str(repository), "-m", "clf",
+                   "--note", note).returncode == 0
+    history = _serval("repo", "history", "clf", "-r", str(repository), columns=80)
+    assert history.returncode == 0 and note in history.stdout, history.stdout
+    (record,) = json.loads(_serval("repo", "history", "clf", "-r", str(repository),
+                                   "--format", "json").stdout)
+    assert record["version"] == "1" and record["serving"] is True and record["source"] == note
+    assert record["created"] in history.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["serve", "--repository", "/no/such/dir"], "is not a directory"),
         (["models", "list", "--repository", "/no/such/dir"], "not found"),
+        (["loadtest", "http://127.0.0.1:9", "-m", "m", "--duration", "3x"],
+         "'3x' is not a duration"),
+        (["loadtest", "http://127.0.0.1:9", "-m", "m", "--timeout", "0ms"], "must be > 0"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "5", "--budget", "ten"],
+         "'ten' is not a duration"),
+        (["serve", "-r", "/tmp", "--header-timeout-s", "2q"], "'2q' is not a duration"),
+        (["plan", "x.json", "--slo-p99-ms", "fast"], "'fast' is not a duration"),
+        (["serve"], "Missing option '--repository'"),
+        (["serve", "-r", "/tmp", "--http-port", "http"], "--http-port"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (["models", "list", "-r", "/tmp", "--format", "xml"], "'xml' is not one of"),
+        (["repo", "verify", "--repository", "/no/such/dir"], "directory not found"),
+        (["token", "create", "--tokens-file", "/no/such/dir/t.yaml", "--scope", "read"],
+         "cannot write /no/such/dir/t.yaml"),
+        (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
+         "cannot load them"),
+        (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem"], "go together"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:
@@ -44,6 +147,24 @@ def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> 
     assert result.returncode != 0
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_broken_files_fail_with_one_line(tmp_path: Path) -> None:
+    """YAML errors span lines; the reason still comes as one, with no traceback."""
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text("max_batch_size: [\n")
+    (tmp_path / "tokens.yaml").write_text("tokens: [\n")
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    for args, message in (
+        (["tune", "-r", str(tmp_path), "-m", "m", "--slo-p99-ms", "5"], "not valid YAML"),
+        (["token", "create", "--tokens-file", str(tmp_path / "tokens.yaml"), "--scope",
+          "read"], "cannot read tokens"),
+        (["serve", "-r", str(tmp_path), "--tls-cert", str(tmp_path / "cert.pem"),
+          "--tls-key", str(tmp_path / "cert.pem")], "cannot load them"),
+    ):
+        result = _serval(*args)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_serve_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:

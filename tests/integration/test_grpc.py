@@ -166,6 +166,13 @@ X8 = np.zeros(8, dtype=np.float32).tobytes()
 ERROR_TWINS = [
     (_raw_request("nope", ("x", "FP32", [1, 8], X8)), grpc.StatusCode.NOT_FOUND,
      "unknown model 'nope'"),
+    # the model is looked up before the inputs are read: no input, bad inputs, still NOT_FOUND
+    (service_pb2.ModelInferRequest(model_name="nope"), grpc.StatusCode.NOT_FOUND,
+     "unknown model 'nope'"),
+    (_raw_request("nope", ("x", "FP99", [1, 8], X8[:3])), grpc.StatusCode.NOT_FOUND,
+     "unknown model 'nope'"),
+    (service_pb2.ModelInferRequest(model_name="linear", model_version="9"),
+     grpc.StatusCode.NOT_FOUND, "no version '9'"),
     (_raw_request("linear", ("x", "FP99", [1, 8], X8)), grpc.StatusCode.INVALID_ARGUMENT,
      "unknown datatype 'FP99'"),
     (_raw_request("linear", ("x", "INT32", [1, 8], X8)), grpc.StatusCode.INVALID_ARGUMENT,

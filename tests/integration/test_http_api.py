@@ -174,6 +174,20 @@ def test_not_found_and_wrong_method(server: RunningServer) -> None:
     assert call(server.url, "GET", "/v2/models/linear/infer").status == 405
 
 
+@pytest.mark.parametrize(("body", "headers"), [
+    (b"", {}), (b"{not json", {}), (b'{"inputs": 3}', {}), (b"\0" * 8, {}),
+    (b"garbage", {"Content-Encoding": "gzip"}),
+])
+@pytest.mark.parametrize("path", ["/v2/models/nope/infer", "/v2/models/linear/versions/9/infer"])
+def test_an_unknown_model_is_404_whatever_the_body(server: RunningServer, path: str,
+                                                   body: bytes, headers: dict[str, str]) -> None:
+    """The model is looked up before the body is read as a request (it is 400 for `linear`)."""
+    reply = call(server.url, "POST", path, body, headers)
+    assert reply.status == 404, reply.body
+    assert "unknown model 'nope'" in reply.error or "no version '9'" in reply.error
+    assert call(server.url, "POST", "/v2/models/linear/infer", body, headers).status == 400
+
+
 def test_model_that_failed_to_load_is_503_and_others_serve(server: RunningServer) -> None:
     reply = infer(server.url, "corrupt", {"inputs": [LINEAR_INPUT]})
     assert reply.status == 503 and "load failed" in reply.error

@@ -65,9 +65,9 @@ def measured(server_factory: Callable[..., RunningServer],
     return server_factory(root, "--allow-python-models")
 
 
-def _serval(*args: str) -> subprocess.CompletedProcess[str]:
+def _serval(*args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "serval", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
 
 
 def _loadtest(server: RunningServer, out: Path, *args: str) -> dict[str, Any]:
@@ -201,3 +201,43 @@ def test_report_and_plan_from_real_results(measured: RunningServer, tmp_path: Pa
     assert "c6a.large" in plan.stdout and "t3a.xlarge" in plan.stdout
     with Image.open(tmp_path / "plan.png") as image:
         assert image.format == "PNG"
+
+
+def test_tables_keep_every_value_whole_off_a_terminal(measured: RunningServer,
+                                                      tmp_path: Path) -> None:
+    """Piped at 80 columns: the table shows each figure whole; json and md carry the rows."""
+    runs = []
+    for hardware in ("c6a.large", "t3a.xlarge"):
+        out = tmp_path / f"{hardware}.json"
+        run = _serval("loadtest", measured.base, "--model", "linear", "--no-ceiling",
+                      "--concurrency", "1,2", "--duration", "300ms", "--warmup", "0s",
+                      "--hardware", hardware, "-o", str(out), "--format", "json", columns=80)
+        assert run.returncode == 0, run.stderr
+        steps = orjson.loads(out.read_bytes())["steps"]
+        rows = orjson.loads(run.stdout)  # progress and verdicts went to stderr
+        assert [r["load"] for r in rows] == ["c=1", "c=2"]
+        assert [r["throughput_rps"] for r in rows] == [s["throughput_rps"] for s in steps]
+        assert [r["requests"] for r in rows] == [s["requests"] for s in steps]
+        runs.append(out)
+    table = _serval("loadtest", measured.base, "--model", "linear", "--no-ceiling",
+                    "--concurrency", "2", "--duration", "0.3", "--warmup", "0",
+                    "-o", str(tmp_path / "t.json"), columns=80)
+    assert table.returncode == 0, table.stderr
+    step = orjson.loads((tmp_path / "t.json").read_bytes())["steps"][0]
+    for figure in (f"{step['requests']:,}", f"{step['throughput_rps']:,.1f}",
+                   f"{step['p99_ms']:.2f}", f"{step['p999_ms']:.2f}"):
+        assert figure in table.stdout, (figure, table.stdout)
+
+    args = [*map(str, runs), "--slo-p99-ms", "1s", "--target-rps", "123456"]
+    rows = orjson.loads(_serval("plan", *args, "--format", "json", columns=80).stdout)
+    assert {r["hardware"] for r in rows} == {"c6a.large", "t3a.xlarge"}
+    shown = _serval("plan", *args, columns=80).stdout
+    assert "\u2026" not in shown
+    for row in rows:
+        assert f"{row['rps_at_slo']:,.1f}" in shown and f"{row['usd_per_month']:,.2f}" in shown
+        assert f"{row['usd_per_million']:.4f}" in shown
+    md = _serval("plan", *args, "--format", "md", columns=80).stdout.splitlines()
+    body = [line for line in md if line.startswith("|")]
+    assert body[0].startswith("| model | hardware |") and set(body[1]) <= set("|-:")
+    assert len(body) == 2 + len(rows)
+    assert all(f"| {row['replicas']} |" in "".join(body) for row in rows)

@@ -99,10 +99,11 @@ def test_a_bad_catalog_names_the_field(tmp_path: Path) -> None:
 def test_the_table_puts_each_figure_under_its_header() -> None:
     from rich.console import Console
 
-    from serval.cli.plan import _table
+    from serval.cli.plan import _rows
+    from serval.cli.tables import rich_table
 
     console = Console(width=200, record=True)
-    console.print(_table(plan(RUNS, CATALOG, slo_p99_ms=38, target_rps=1000), 38, 1000))
+    console.print(rich_table(_rows(plan(RUNS, CATALOG, slo_p99_ms=38, target_rps=1000), 38, 1000)))
     text = console.export_text().splitlines()
     header = [c.strip() for c in next(t for t in text if t.startswith("┃")).split("┃")[1:-1]]
     inf = [c.strip() for c in next(t for t in text if t.startswith("│")).split("│")[1:-1]]

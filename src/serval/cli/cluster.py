@@ -8,16 +8,18 @@ from typing import Any
 
 import typer
 
+from serval.cli.command import ServalCommand, ServalGroup, fail
+from serval.cli.duration import seconds
 from serval.errors import ConfigError
 
-app = typer.Typer(help="Scale out on Ray Serve: one Serval across many machines.",
-                  no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Scale out on Ray Serve: one Serval across many machines.")
 ADDRESS = typer.Option(..., "--address", "-a",
                        help="Ray cluster address (HOST:6379, ray://HOST:10001 or 'auto').")
 NAME = typer.Option("serval", "--name", help="Ray Serve application name.")
 
 
-@app.command("deploy")
+@app.command("deploy", cls=ServalCommand)
 def deploy_command(
     address: str = ADDRESS,
     repository: str = typer.Option(..., "--repository", "-r",
@@ -30,8 +32,9 @@ def deploy_command(
     target_ongoing_requests: float = typer.Option(
         32.0, "--target-ongoing-requests", help="Autoscaling target per replica."),
     replica_cpus: float = typer.Option(1.0, "--replica-cpus", help="CPUs per replica."),
-    poll_interval_s: float = typer.Option(2.0, "--poll-interval-s",
-                                          help="Repository polling (publish/rollback)."),
+    poll_interval_s: float = typer.Option(
+        2.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
+        help="Repository polling (publish/rollback)."),
     host: str = typer.Option("0.0.0.0", help="Address Ray's HTTP proxies listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="Ray Serve's HTTP port."),
     name: str = NAME,
@@ -48,7 +51,7 @@ def deploy_command(
     try:
         config = ClusterConfig.parse({k: v for k, v in args.items() if v is not None})
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc), 1)
     serve = _connect(address)
     from serval.cluster.ray import build_app
 
@@ -59,13 +62,13 @@ def deploy_command(
     typer.echo(f"serval deployed as Ray Serve application '{name}': http://{shown}:{http_port}/v2")
 
 
-@app.command("status")
+@app.command("status", cls=ServalCommand)
 def status_command(address: str = ADDRESS, name: str = NAME) -> None:
     """The application's state and its deployments' replica counts."""
     serve = _connect(address)
     application = serve.status().applications.get(name)
     if application is None:
-        _fail(f"no Ray Serve application named '{name}' on {address}")
+        fail(f"no Ray Serve application named '{name}' on {address}", 1)
     typer.echo(f"{name}: {_word(application.status)}")
     for deployment, status in application.deployments.items():
         states = ", ".join(f"{n} {_word(s).lower()}"
@@ -73,7 +76,7 @@ def status_command(address: str = ADDRESS, name: str = NAME) -> None:
         typer.echo(f"  {deployment}: {_word(status.status)} ({states})")
 
 
-@app.command("delete")
+@app.command("delete", cls=ServalCommand)
 def delete_command(address: str = ADDRESS, name: str = NAME) -> None:
     """Remove the application (its replicas finish in-flight requests first)."""
     serve = _connect(address)
@@ -91,12 +94,12 @@ def _connect(address: str) -> Any:
         import ray
         from ray import serve
     except ImportError:
-        _fail("Ray Serve is not installed: pip install 'serval[cluster]'")
+        fail("Ray Serve is not installed: pip install 'serval[cluster]'", 1)
     _reachable(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        _fail(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}")
+        fail(f"cannot connect to the Ray cluster at {address}: {str(exc).splitlines()[0]}", 1)
     return serve
 
 
@@ -108,9 +111,4 @@ def _reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
-        _fail(f"cannot connect to the Ray cluster at {address}: {exc}")
-
-
-def _fail(message: str) -> Any:
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(1)
+        fail(f"cannot connect to the Ray cluster at {address}: {exc}", 1)

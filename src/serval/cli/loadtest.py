@@ -7,22 +7,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from serval.cli.command import fail
+from serval.cli.duration import seconds
+from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.loadtest.runner import LoadtestSpec, run_loadtest
 from serval.loadtest.workloads import WorkloadError
-
-
-def fail(message: str) -> NoReturn:
-    """Exit non-zero with a one-line reason."""
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def parse_numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
@@ -44,14 +40,17 @@ def loadtest_command(
     concurrency: str = typer.Option(None, "--concurrency", "-c",
                                     help="Closed-loop sweep, e.g. 1,16,64,256,400."),
     rate: str = typer.Option(None, "--rate", "-r", help="Open-loop rates (req/s), e.g. 100,200."),
-    duration_s: float = typer.Option(10.0, "--duration", help="Measured seconds per step."),
-    warmup_s: float = typer.Option(2.0, "--warmup", help="Unmeasured seconds before each step."),
+    duration_s: float = typer.Option("10s", "--duration", parser=seconds, metavar="DURATION",
+                                      help="Measured time per step, e.g. 30s, 2m."),
+    warmup_s: float = typer.Option("2s", "--warmup", parser=seconds, metavar="DURATION",
+                                    help="Unmeasured time before each step."),
     input_file: Path = typer.Option(None, "--input-file",
                                     help="A v2 JSON request (or a list of them) to send."),
     batch: int = typer.Option(1, "--batch", min=1, help="Rows per generated request."),
     json_body: bool = typer.Option(False, "--json", help="JSON tensors (default: binary)."),
     processes: int = typer.Option(0, "--processes", min=0, help="Generator processes; 0: auto."),
-    timeout_s: float = typer.Option(30.0, "--timeout", help="Per-request timeout (s)."),
+    timeout_s: float = typer.Option("30s", "--timeout", parser=seconds, metavar="DURATION",
+                                     help="Per-request timeout."),
     metadata_url: str = typer.Option(None, "--metadata-url",
                                      help="HTTP base URL for metadata when using --grpc."),
     hardware: str = typer.Option(None, "--hardware", help="Tag results with a catalog name."),
@@ -59,6 +58,7 @@ def loadtest_command(
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
                                  help="Measure the generator's own ceiling first."),
     output: Path = typer.Option(None, "--output", "-o", help="Write results as JSON here."),
+    output_format: OutputFormat = FORMAT,
     honour_retry_after: bool = typer.Option(
         False, "--honour-retry-after",
         help="HTTP closed loop: a client answered 429 waits its Retry-After before sending "
@@ -77,9 +77,9 @@ def loadtest_command(
                         input_file=input_file, batch=batch, binary=not json_body,
                         timeout_s=timeout_s, hardware=hardware, label=label,
                         metadata_url=metadata_url, honour_retry_after=honour_retry_after)
-    console = Console()
+    console = Console(stderr=output_format is not OutputFormat.table)
     results = _run(spec, console, ceiling)
-    console.print(results_table(results))
+    emit(results_rows(results), output_format, console)
     _print_verdicts(console, results)
     if output is not None:
         output.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
@@ -136,21 +136,23 @@ def _progress(console: Console, spec: LoadtestSpec) -> Iterator[Any]:
         yield before, after
 
 
-def results_table(results: dict[str, Any]) -> Table:
+def results_rows(results: dict[str, Any]) -> Rows:
     """One row per step: offered load, requests, throughput, latency percentiles, errors."""
-    table = Table(title=f"{results['label']}: {results['model']} at {results['url']} "
-                        f"({results['protocol']})")
-    for column in ("load", "requests", "req/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
-                   "errors"):
-        table.add_column(column, justify="left" if column in ("load", "errors") else "right")
+    rows = Rows([Column("load", "load"), Column("requests", "requests", True),
+                 Column("throughput_rps", "req/s", True), Column("p50_ms", "p50 ms", True),
+                 Column("p90_ms", "p90 ms", True), Column("p99_ms", "p99 ms", True),
+                 Column("p999_ms", "p99.9 ms", True), Column("errors", "errors")],
+                title=f"{results['label']}: {results['model']} at {results['url']} "
+                      f"({results['protocol']})")
     for step in results["steps"]:
         load = (f"c={step['concurrency']}" if step["mode"] == "closed"
                 else f"{step['offered_rps']:g}/s")
         errors = ", ".join(f"{k} {v}" for k, v in step["errors"].items()) or "0"
-        table.add_row(load, f"{step['requests']:,}", f"{step['throughput_rps']:,.1f}",
-                      f"{step['p50_ms']:.2f}", f"{step['p90_ms']:.2f}", f"{step['p99_ms']:.2f}",
-                      f"{step['p999_ms']:.2f}", errors)
-    return table
+        rows.add(cell(load), cell(step["requests"], "{:,}"),
+                 cell(step["throughput_rps"], "{:,.1f}"), cell(step["p50_ms"], "{:.2f}"),
+                 cell(step["p90_ms"], "{:.2f}"), cell(step["p99_ms"], "{:.2f}"),
+                 cell(step["p999_ms"], "{:.2f}"), Cell(step["errors"], errors))
+    return rows
 
 
 def _print_verdicts(console: Console, results: dict[str, Any]) -> None:

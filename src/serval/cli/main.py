@@ -6,20 +6,22 @@ import typer
 
 from serval import __version__
 from serval.cli import cluster, loadtest, models, optimize, plan, repo, report, serve, token, tune
+from serval.cli.command import ServalCommand, ServalGroup
 
 app = typer.Typer(
     name="serval",
+    cls=ServalGroup,
     help="Serval: a fast, cheap KServe v2 inference server.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("serve")(serve.serve_command)
-app.command("optimize")(optimize.optimize_command)
-app.command("loadtest")(loadtest.loadtest_command)
-app.command("report")(report.report_command)
-app.command("tune")(tune.tune_command)
-app.command("plan")(plan.plan_command)
+app.command("serve", cls=ServalCommand)(serve.serve_command)
+app.command("optimize", cls=ServalCommand)(optimize.optimize_command)
+app.command("loadtest", cls=ServalCommand)(loadtest.loadtest_command)
+app.command("report", cls=ServalCommand)(report.report_command)
+app.command("tune", cls=ServalCommand)(tune.tune_command)
+app.command("plan", cls=ServalCommand)(plan.plan_command)
 app.add_typer(models.app, name="models")
 app.add_typer(repo.app, name="repo")
 app.add_typer(token.app, name="token")

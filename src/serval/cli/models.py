@@ -6,34 +6,39 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from serval.cli.command import ServalCommand, ServalGroup, fail
+from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
 from serval.repository.layout import scan_repository
 
-app = typer.Typer(help="Inspect the models of a repository.", no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Inspect the models of a repository.")
 
 
-@app.command("list")
+@app.command("list", cls=ServalCommand)
 def list_models(
     repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
+    output: OutputFormat = FORMAT,
 ) -> None:
     """List every model: versions, backend, batching, and whether its config is valid."""
     try:
         directories = scan_repository(repository)
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
-    table = Table("model", "versions", "backend", "max batch", "instances", "status")
+        fail(str(exc))
+    rows = Rows([Column("model", "model"), Column("versions", "versions"),
+                 Column("backend", "backend"), Column("max_batch_size", "max batch", True),
+                 Column("instances", "instances", True), Column("status", "status")])
     for directory in directories:
-        versions = ", ".join(directory.versions) or "-"
+        versions = cell(directory.versions, ", ".join)
         try:
             config = directory.config()
         except ConfigError as exc:
-            table.add_row(directory.name, versions, "-", "-", "-", f"[red]invalid: {exc}[/red]")
+            rows.add(cell(directory.name), versions, cell(None), cell(None), cell(None),
+                     Cell(f"invalid: {exc}", f"invalid: {exc}", "red"))
             continue
-        max_batch = "auto" if config.max_batch_size is None else str(config.max_batch_size)
-        status = "ok" if directory.versions else "[yellow]no version folder[/yellow]"
-        table.add_row(directory.name, versions, config.backend, max_batch,
-                      str(config.instances), status)
-    Console().print(table)
+        status = (cell("ok") if directory.versions
+                  else Cell("no version folder", "no version folder", "yellow"))
+        rows.add(cell(directory.name), versions, cell(config.backend),
+                 cell(config.max_batch_size, missing="auto"), cell(config.instances), status)
+    emit(rows, output, Console())

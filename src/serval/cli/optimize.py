@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from serval.cli.command import fail
 from serval.errors import ConfigError
 
 MODES = ("int8-dynamic", "int8-static", "fp16")  # quantize.MODES, without importing onnx here
@@ -51,9 +52,9 @@ def optimize_command(
 ) -> None:
     """Make a model cheaper and prove it still answers the same; publish only if it does."""
     if publish is not None and not model:
-        _fail("--publish needs --model NAME")
+        fail("--publish needs --model NAME")
     if quantize is not None and quantize not in MODES:
-        _fail(f"--quantize {quantize!r}: expected one of {', '.join(MODES)}")
+        fail(f"--quantize {quantize!r}: expected one of {', '.join(MODES)}")
     try:
         from serval.optimize import convert, parity, run
         from serval.optimize import quantize as quant
@@ -76,16 +77,11 @@ def optimize_command(
             outcome = run.run(request, lambda step: status.update(f"serval optimize: {step}"))
         typer.echo(report_module.markdown(outcome.report))
         if not outcome.passed:
-            _fail(f"parity failed, nothing published: {outcome.report['parity']['failures'][0]}",
+            fail(f"parity failed, nothing published: {outcome.report['parity']['failures'][0]}",
                   code=1)
         if publish is not None:
             version = store.publish(outcome.model, publish, model, report=outcome.report,
                                     note=note or f"serval optimize {source}")
             typer.echo(f"published {model} version {version} (report in its manifest.json)")
     except ConfigError as exc:
-        _fail(str(exc))
-
-
-def _fail(reason: str, code: int = 2) -> None:
-    typer.echo(f"serval: {reason}", err=True)
-    raise typer.Exit(code)
+        fail(str(exc))

@@ -6,18 +6,22 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from serval.cli.loadtest import fail
+from serval.cli.command import fail
+from serval.cli.duration import milliseconds
+from serval.cli.tables import FORMAT, Column, OutputFormat, Rows, cell, emit
 
 
 def plan_command(
     results: list[Path] = typer.Argument(..., help="Results of `serval loadtest --hardware`."),
-    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help="Latency target: p99 in ms."),
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", parser=milliseconds,
+                                      metavar="DURATION",
+                                      help="Latency target: p99 (a bare number is ms)."),
     target_rps: float = typer.Option(None, "--target-rps", help="Rate to provision for."),
     catalog_path: Path = typer.Option(None, "--catalog", help="Hardware catalog YAML "
                                       "(default: the one shipped with Serval)."),
     chart_path: Path = typer.Option(None, "--chart", help="Write a PNG chart here."),
+    output: OutputFormat = FORMAT,
 ) -> None:
     """Per hardware: throughput at the SLO, cost per million, replicas, monthly cost, savings."""
     from serval.loadtest.runner import load_results
@@ -32,37 +36,39 @@ def plan_command(
         rows = plan(runs, catalog, slo_p99_ms, target_rps)
     except ValueError as exc:
         fail(str(exc))
-    console = Console()
-    console.print(_table(rows, slo_p99_ms, target_rps))
+    console = Console(stderr=output is not OutputFormat.table)
+    emit(_rows(rows, slo_p99_ms, target_rps), output, console)
     if chart_path is not None:
         _write_chart(rows, slo_p99_ms, chart_path)
         console.print(f"chart written to {chart_path}")
 
 
-def _table(rows: list, slo_p99_ms: float, target_rps: float | None) -> Table:  # type: ignore[type-arg]
-    table = Table(title=f"cost at p99 <= {slo_p99_ms:g} ms"
-                        + (f", {target_rps:,.0f} req/s" if target_rps else ""))
-    columns = ["model", "hardware", "$/hour", "vCPU", "accelerator", "req/s at SLO", "p99 ms",
-               "$ per 1M", "reduction"]
+def _rows(rows: list, slo_p99_ms: float, target_rps: float | None) -> Rows:  # type: ignore[type-arg]
+    columns = [Column("model", "model"), Column("hardware", "hardware"),
+               Column("usd_per_hour", "$/hour", True), Column("vcpu", "vCPU", True),
+               Column("accelerator", "accelerator"), Column("rps_at_slo", "req/s at SLO", True),
+               Column("p99_ms", "p99 ms", True)]
     if target_rps:
-        columns[7:7] = ["replicas", "$/month"]
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("model", "hardware", "accelerator")
-                         else "right")
+        columns += [Column("replicas", "replicas", True),
+                    Column("usd_per_month", "$/month", True)]
+    columns += [Column("usd_per_million", "$ per 1M", True),
+                Column("reduction", "reduction", True)]
+    sources = {f"{r.hardware.price_source} ({r.hardware.price_date})" for r in rows}
+    table = Rows(columns, title=f"cost at p99 <= {slo_p99_ms:g} ms"
+                               + (f", {target_rps:,.0f} req/s" if target_rps else ""),
+                 caption="prices: " + "; ".join(sorted(sources)))
     for row in rows:
         hw = row.hardware
         met = row.best_rps is not None
-        cells = [row.model, hw.name, f"{hw.usd_per_hour:g}", str(hw.vcpu), hw.accelerator or "-",
-                 f"{row.best_rps:,.1f}" if met else "SLO not met",
-                 f"{row.p99_ms:.2f}" if met else "-"]
+        cells = [cell(row.model), cell(hw.name), cell(hw.usd_per_hour, "{:g}"), cell(hw.vcpu),
+                 cell(hw.accelerator), cell(row.best_rps, "{:,.1f}", missing="SLO not met"),
+                 cell(row.p99_ms if met else None, "{:.2f}")]
         if target_rps:
-            cells += [str(row.replicas) if met else "-",
-                      f"{row.usd_per_month:,.2f}" if met else "-"]
-        cells += [f"{row.usd_per_million:.4f}" if met else "-",
-                  f"{row.reduction:.1%}" if row.reduction is not None else "-"]
-        table.add_row(*cells)
-    sources = {f"{r.hardware.price_source} ({r.hardware.price_date})" for r in rows}
-    table.caption = "prices: " + "; ".join(sorted(sources))
+            cells += [cell(row.replicas if met else None),
+                      cell(row.usd_per_month if met else None, "{:,.2f}")]
+        cells += [cell(row.usd_per_million if met else None, "{:.4f}"),
+                  cell(row.reduction, "{:.1%}")]
+        table.add(*cells)
     return table
 
 

@@ -12,20 +12,21 @@ from typing import TypeVar
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from serval.cli.command import ServalCommand, ServalGroup, fail
+from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
 from serval.repository import store
 
 T = TypeVar("T")
 
-app = typer.Typer(help="Versioned snapshots of models: publish, history, rollback, verify.",
-                  no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Versioned snapshots of models: publish, history, rollback, verify.")
 REPOSITORY = typer.Option(..., "--repository", "-r", help="Model repository folder.")
 SERVER = typer.Option(None, "--server", help="host:port of a running Serval to reload now.")
 
 
-@app.command("publish")
+@app.command("publish", cls=ServalCommand)
 def publish_command(
     source: Path = typer.Argument(..., help="Model file or folder to publish."),
     repository: Path = REPOSITORY,
@@ -41,18 +42,21 @@ def publish_command(
     _reload(server, model)
 
 
-@app.command("history")
-def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY) -> None:
+@app.command("history", cls=ServalCommand)
+def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY,
+                    output: OutputFormat = FORMAT) -> None:
     """Every version of MODEL, oldest first; the serving one is marked."""
     records = _run(lambda: store.history(repository, model))
-    table = Table("version", "serving", "created", "source", "files")
+    rows = Rows([Column("version", "version"), Column("serving", "serving"),
+                 Column("created", "created"), Column("source", "source"),
+                 Column("files", "files", True)])
     for record in records:
-        table.add_row(record.version, "*" if record.serving else "", record.created_at,
-                      record.source, str(len(record.files)))
-    Console().print(table)
+        rows.add(cell(record.version), Cell(record.serving, "*" if record.serving else ""),
+                 cell(record.created_at), cell(record.source), cell(len(record.files)))
+    emit(rows, output, Console())
 
 
-@app.command("rollback")
+@app.command("rollback", cls=ServalCommand)
 def rollback_command(
     model: str = typer.Argument(...),
     repository: Path = REPOSITORY,
@@ -65,9 +69,11 @@ def rollback_command(
     _reload(server, model)
 
 
-@app.command("verify")
+@app.command("verify", cls=ServalCommand)
 def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
     """Check every version's files against its manifest; exits 1 if any is corrupted."""
+    if not repository.is_dir():
+        fail(f"{repository}: model repository directory not found")
     models = [model] if model else sorted(p.name for p in repository.iterdir() if p.is_dir()
                                           and not p.name.startswith((".", "_")))
     bad = 0
@@ -86,16 +92,14 @@ def _run(action: Callable[[], T]) -> T:
     try:
         return action()
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
 
 
 def _read_report(path: Path) -> dict[str, object]:
     try:
         doc = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
-        typer.echo(f"serval: cannot read report {path}: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(f"cannot read report {path}: {exc}")
     return doc if isinstance(doc, dict) else {"report": doc}
 
 
@@ -106,9 +110,7 @@ def _reload(server: str | None, model: str) -> None:
     try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120)
     except urllib.error.HTTPError as exc:
-        typer.echo(f"serval: the server refused the reload: {exc.read().decode()}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"the server refused the reload: {exc.read().decode()}", 1)
     except OSError as exc:
-        typer.echo(f"serval: cannot reach the server at {server}: {exc}", err=True)
-        raise typer.Exit(1) from None
+        fail(f"cannot reach the server at {server}: {exc}", 1)
     typer.echo(f"{server} reloaded {model}")

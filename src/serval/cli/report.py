@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from serval.cli.loadtest import fail
+from serval.cli.command import fail
 
 
 def report_command(

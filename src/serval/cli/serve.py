@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
 import typer
 from pydantic import ValidationError
 
+from serval.cli.command import fail
+from serval.cli.duration import milliseconds, seconds
 from serval.config import MIB, ServerConfig, TransportLimits
 from serval.errors import ConfigError
 
@@ -16,11 +19,14 @@ _DEFAULT_LIMITS = TransportLimits()
 
 
 def _limit(field: str, help_text: str, unit: int = 1) -> Any:
-    """A limit's flag: its default from TransportLimits (in the flag's unit), in its own panel."""
+    """A limit's flag: its default from TransportLimits (in the flag's unit), in its own panel;
+    a timeout (`_s`) takes a duration."""
     default = getattr(_DEFAULT_LIMITS, field)
     if unit != 1:
         default = default / unit
-    return typer.Option(default, help=help_text, rich_help_panel="Limits and timeouts")
+    parser = seconds if field.endswith("_s") else None
+    return typer.Option(default, help=help_text, rich_help_panel="Limits and timeouts",
+                        parser=parser, metavar="DURATION" if parser else None)
 
 
 
@@ -49,13 +55,14 @@ def serve_command(
         4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
     ),
     default_timeout_ms: float = typer.Option(
-        0.0, "--default-timeout-ms", help="Deadline for requests that set none (0: none)."
+        0.0, "--default-timeout-ms", parser=milliseconds, metavar="DURATION",
+        help="Deadline for requests that set none (0: none)."
     ),
     metrics_top_k: int = typer.Option(
         100, "--metrics-top-k", help="Per-model metric series for the K busiest; others summed."
     ),
     poll_interval_s: float = typer.Option(
-        0.0, "--poll-interval-s",
+        0.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
     ),
     workers: int = typer.Option(
@@ -162,25 +169,33 @@ def serve_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not repository.is_dir():
-        _fail(f"model repository '{repository}' is not a directory")
+        fail(f"model repository '{repository}' is not a directory")
     if workers > 1 and http_port == 0:
-        _fail("--workers > 1 needs a fixed --http-port (the workers share it)")
+        fail("--workers > 1 needs a fixed --http-port (the workers share it)")
     if grpc_port and grpc_port == http_port:
-        _fail(f"--grpc-port and --http-port are both {grpc_port}")
+        fail(f"--grpc-port and --http-port are both {grpc_port}")
+    _check_tls(tls_cert, tls_key)
     try:
         serve(config)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except OSError as exc:
-        _fail(str(exc) if exc.strerror is None else
-              f"cannot listen on {host}:{http_port}: {exc.strerror}")
+        fail(str(exc) if exc.strerror is None else
+             f"cannot listen on {host}:{http_port}: {exc.strerror}")
+
+
+def _check_tls(cert: Path | None, key: Path | None) -> None:
+    """A certificate and key that do not load fail here, not later as a failure to listen."""
+    if cert is None or key is None:
+        return  # ServerConfig refuses one without the other
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError included
+        fail(f"--tls-cert {cert} with --tls-key {key}: cannot load them: {exc.strerror or exc}")
 
 
 def _one_line(exc: ValidationError) -> str:
     error = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"serval: {message}", err=True)
-    raise typer.Exit(2)
+    where = ".".join(str(p) for p in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message

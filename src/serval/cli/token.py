@@ -7,12 +7,14 @@ from pathlib import Path
 import typer
 
 from serval.auth import create_token
+from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.errors import ConfigError
 
-app = typer.Typer(help="Bearer tokens for --auth-tokens.", no_args_is_help=True)
+app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
+                  help="Bearer tokens for --auth-tokens.")
 
 
-@app.command("create")
+@app.command("create", cls=ServalCommand)
 def create_command(
     tokens_file: Path = typer.Option(..., "--tokens-file", help="The tokens YAML (created)."),
     scope: list[str] = typer.Option(..., "--scope",
@@ -23,6 +25,7 @@ def create_command(
     try:
         secret = create_token(tokens_file, scope, name)
     except ConfigError as exc:
-        typer.echo(f"serval: {exc}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {tokens_file}: {exc.strerror or exc}")
     typer.echo(secret)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +10,9 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from serval.cli.loadtest import fail, parse_numbers
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
-
-
-def parse_budget_s(text: str) -> float:
-    """'90', '90s', '10m', '1h' -> seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        fail(f"--budget {text!r}: expected a duration such as 90s, 10m or 1h")
-    return float(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2] or "s"]
+from serval.cli.command import fail
+from serval.cli.duration import milliseconds, seconds
+from serval.cli.loadtest import parse_numbers
 
 
 def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
@@ -33,8 +24,11 @@ def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any,
 def tune_command(
     repository: Path = typer.Option(..., "--repository", "-r", help="Model repository."),
     model: str = typer.Option(..., "--model", "-m", help="Model to tune."),
-    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", help="Latency target: p99 in ms."),
-    budget: str = typer.Option("10m", "--budget", help="Time for the search, e.g. 90s, 10m."),
+    slo_p99_ms: float = typer.Option(..., "--slo-p99-ms", parser=milliseconds,
+                                      metavar="DURATION",
+                                      help="Latency target: p99 (a bare number is ms)."),
+    budget_s: float = typer.Option("10m", "--budget", parser=seconds, metavar="DURATION",
+                                    help="Time for the search, e.g. 90s, 10m."),
     threads: str = typer.Option("1,2", "--threads", help="ONNX Runtime intra-op threads."),
     inter_op: str = typer.Option("", "--inter-op-threads", help="Inter-op threads to try."),
     max_batch: str = typer.Option("1,8,32,128", "--max-batch", help="max_batch_size values."),
@@ -43,8 +37,10 @@ def tune_command(
     workers: str = typer.Option("1,2", "--workers", help="Server worker processes."),
     concurrency: str = typer.Option("1,4,16,64", "--concurrency",
                                     help="Clients ramped in each trial until p99 > SLO."),
-    trial_duration_s: float = typer.Option(3.0, "--trial-duration", help="Seconds per step."),
-    trial_warmup_s: float = typer.Option(1.0, "--trial-warmup", help="Warm-up per step."),
+    trial_duration_s: float = typer.Option("3s", "--trial-duration", parser=seconds,
+                                            metavar="DURATION", help="Time per step."),
+    trial_warmup_s: float = typer.Option("1s", "--trial-warmup", parser=seconds,
+                                          metavar="DURATION", help="Warm-up per step."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the best config; write none."),
 ) -> None:
     """Start temporary servers, search the configuration, write the best config.yaml."""
@@ -55,7 +51,10 @@ def tune_command(
     if not model_dir.is_dir():
         fail(f"model folder '{model_dir}' does not exist")
     config_path = model_dir / "config.yaml"
-    base = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    try:
+        base = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
+    except yaml.YAMLError as exc:
+        fail(f"{config_path}: not valid YAML: {exc}")
     base = base or {}
     ort, batching = base.get("onnxruntime", {}), base.get("batching", {})
     versions = sorted((p.name for p in model_dir.iterdir() if p.name.isdigit()), key=int)
@@ -84,8 +83,8 @@ def tune_command(
         console.print(f"trial {number:2d} {escape(f'[{phase}]'):10s} "
                       f"{escape(result.config.describe()):60s} {what}")
 
-    search = Search(measure, parse_budget_s(budget), show)
-    console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget}")
+    search = Search(measure, budget_s, show)
+    console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget_s:g} s")
     default, best = tune(space, search)
     console.print(verdict(default, best))
     _finish(console, config_path, model_config(base, best.config), best.config.workers,
