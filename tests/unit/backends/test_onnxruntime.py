@@ -5,10 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serval.backends.onnxruntime import rejected_input
-from serval.errors import (
-    EngineRejectedInput,
-    ErrorCode,
-)
+from serval.errors import EngineRejectedInput, ErrorCode
 
 pytestmark = pytest.mark.unit
 

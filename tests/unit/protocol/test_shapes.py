@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serval.errors import (
-    InvalidInput,
-)
+from serval.errors import InvalidInput
 from serval.protocol.shapes import check_shape
 
 pytestmark = pytest.mark.unit

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from serval.errors import (
-    InvalidInput,
-)
+from serval.errors import InvalidInput
 from serval.repository.registry import ModelRegistry, check_requested_name
 
 pytestmark = pytest.mark.unit

@@ -5,9 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from serval.errors import (
-    ErrorCode,
-)
+from serval.errors import ErrorCode
 from serval.server.grpc.errors import GRPC_STATUS
 from serval.server.http.errors import HTTP_STATUS
 

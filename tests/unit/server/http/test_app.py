@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serval.errors import (
-    InvalidInput,
-)
+from serval.errors import InvalidInput
 from serval.server.http.app import _decompress, _header_length, _timeout_ms
 
 pytestmark = pytest.mark.unit
