@@ -1,5 +1,6 @@
 """Small real models for the `serval optimize` tests: torch factories (`tests.optimize_models:
-tiny_mlp`), a pickled scikit-learn pipeline, and a tiny BERT exported to ONNX."""
+tiny_mlp`), a pickled scikit-learn pipeline, a tiny BERT exported to ONNX; the MLP's input
+argument and two readers of an ONNX file (its op types, its outputs under ONNX Runtime)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import torch
 from torch import nn
+
+from serval.optimize import convert, samples
+
+MLP_INPUT = [convert.parse_input("x:float32:16")]
 
 
 class TinyClassifier(nn.Module):
@@ -85,3 +92,13 @@ def tiny_bert(path: Path) -> Path:
                           dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
                           opset_version=17, do_constant_folding=True, dynamo=False)
     return path
+
+
+def op_types(path: Path) -> list[str]:
+    """The op type of every node of the ONNX graph at `path`, in graph order."""
+    return [node.op_type for node in onnx.load(str(path)).graph.node]
+
+
+def run_onnx(path: Path, feeds: samples.Feeds) -> list[np.ndarray]:
+    """Every output of the ONNX model at `path` for `feeds`, on ONNX Runtime's CPU provider."""
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)

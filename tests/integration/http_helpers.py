@@ -43,13 +43,36 @@ def infer(url: str, model: str, doc: Any, headers: dict[str, str] | None = None)
     return call(url, "POST", f"/v2/models/{model}/infer", body, headers)
 
 
+def _wait_for_gauges(url: str, model: str, gauges: dict[str, int], what: str,
+                     timeout_s: float) -> None:
+    """Return once every gauge of `model` (version 1) on /metrics reads its value."""
+    lines = [f'{gauge}{{model="{model}",version="1"}} {value:.1f}'
+             for gauge, value in gauges.items()]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metrics = call(url, "GET", "/metrics").body.decode()  # one snapshot for every gauge
+        if all(line in metrics for line in lines):
+            return
+        assert time.monotonic() < deadline, f"{model}: {what} in {timeout_s} s"
+        time.sleep(0.005)
+
+
 def wait_until_running(url: str, model: str, timeout_s: float = 30.0) -> None:
     """Return once the server reports a batch of `model` in the engine (its metrics gauge)."""
-    running = f'serval_running_batches{{model="{model}",version="1"}} 1.0'
-    deadline = time.monotonic() + timeout_s
-    while running not in call(url, "GET", "/metrics").body.decode():
-        assert time.monotonic() < deadline, f"no batch of {model} started"
-        time.sleep(0.005)
+    _wait_for_gauges(url, model, {"serval_running_batches": 1}, "no batch started", timeout_s)
+
+
+def wait_until_queued(url: str, model: str, requests: int, timeout_s: float = 30.0) -> None:
+    """Return once `requests` requests of `model` wait in its queue (its metrics gauge)."""
+    _wait_for_gauges(url, model, {"serval_pending_requests": requests},
+                     f"never {requests} requests queued", timeout_s)
+
+
+def wait_until_idle(url: str, model: str, timeout_s: float = 30.0) -> None:
+    """Return once `model` has nothing queued and nothing in the engine: every request it
+    queued has been computed (and counted) or dropped, so its counters are final."""
+    _wait_for_gauges(url, model, {"serval_pending_requests": 0, "serval_running_batches": 0},
+                     "the queue did not drain", timeout_s)
 
 
 def occupy(url: str, model: str, body: bytes) -> threading.Thread:

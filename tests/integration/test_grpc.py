@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -20,7 +19,12 @@ from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RunningServer
 from tests.integration.conftest import TYPED_MODELS
-from tests.integration.http_helpers import call, wait_until_running
+from tests.integration.http_helpers import (
+    call,
+    wait_until_idle,
+    wait_until_queued,
+    wait_until_running,
+)
 from tests.integration.test_tritonclient import TYPED_ARRAYS
 
 pytestmark = pytest.mark.integration
@@ -263,7 +267,7 @@ def test_expired_deadline_is_dropped_before_compute(server: RunningServer) -> No
         client.infer("slow", [_input("x", np.ones((1, 1024), np.float32))], client_timeout=0.05)
     assert "Deadline" in str(caught.value) or "DEADLINE" in str(caught.value.status())
     blocker.join(timeout=30)
-    time.sleep(0.3)
+    wait_until_idle(server.url, "slow")  # the expired call has been taken from the queue
     assert _slow_count(client) - before == 128  # only the blocker's rows reached the engine
 
 
@@ -273,8 +277,8 @@ def test_cancelled_call_frees_its_queue_slot(server: RunningServer) -> None:
     blocker = _occupy_engine(client, server)
     call_context = client.async_infer("slow", [_input("x", np.ones((1, 1024), np.float32))],
                                       callback=lambda result, error: None)
-    time.sleep(0.05)
+    wait_until_queued(server.url, "slow", 1)  # the call waits behind the running batch
     call_context.cancel()
     blocker.join(timeout=30)
-    time.sleep(0.3)
+    wait_until_idle(server.url, "slow")  # the cancelled call has been taken from the queue
     assert _slow_count(client) - before == 128

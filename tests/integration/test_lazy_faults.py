@@ -40,6 +40,13 @@ def _wait_for_version(server: RunningServer, model: str, version: str) -> Reply:
         time.sleep(0.1)
 
 
+def _wait_for_log(server: RunningServer, message: str) -> None:
+    deadline = time.monotonic() + 30
+    while message not in server.log():
+        assert time.monotonic() < deadline, f"the server never logged {message!r}"
+        time.sleep(0.05)
+
+
 def test_an_evicted_model_keeps_its_last_good_version_then_takes_the_next(
         server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
     for name in ("m0", "m1"):
@@ -49,7 +56,7 @@ def test_an_evicted_model_keeps_its_last_good_version_then_takes_the_next(
     assert _infer(server, "m0").status == 200
     assert _infer(server, "m1").status == 200  # m0 is evicted to make room
     _drop_version(tmp_path / "m0", "2", b"\x08\x07 not an ONNX graph" * 50)
-    time.sleep(1.0)  # the watcher sees it and fails to load it
+    _wait_for_log(server, "reload failed; serving versions keep serving")  # 2 did not load
     reply = _infer(server, "m0")
     assert reply.status == 200 and reply.json()["model_version"] == "1"
     _drop_version(tmp_path / "m0", "3", (tmp_path / "m0" / "1" / "model.onnx").read_bytes())

@@ -15,7 +15,13 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, inference_count, occupy
+from tests.integration.http_helpers import (
+    Reply,
+    call,
+    inference_count,
+    occupy,
+    wait_until_idle,
+)
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -113,7 +119,7 @@ def test_a_request_whose_deadline_passes_in_the_queue_gets_504(
     reply = call(server.url, "POST", "/v2/models/slow/infer", body, headers)
     blocker.join(timeout=60)
     assert reply.status == 504 and "deadline" in reply.error
-    time.sleep(0.2)
+    wait_until_idle(server.url, "slow")  # the expired request has been taken from the queue
     assert _computed_rows(server) == before + 128  # only the blocker was computed
 
 

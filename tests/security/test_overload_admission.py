@@ -19,7 +19,13 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, inference_count, occupy, wait_until_running
+from tests.integration.http_helpers import (
+    call,
+    inference_count,
+    occupy,
+    wait_until_idle,
+    wait_until_running,
+)
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -75,7 +81,7 @@ def test_http_a_deadline_that_cannot_be_met_is_refused_at_once_one_that_can_is_s
     assert int(refused.headers["retry-after"]) >= 1
     assert still_running and refused_after_s < 0.5  # refused, not queued behind the batch
     assert served.status == 200, served.body
-    time.sleep(0.2)
+    wait_until_idle(measured.url, "slow")  # nothing queued could still run after the check
     assert _computed_rows(measured) == before + 128 + 1  # the refused row never ran
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serval.optimize.deps import MissingDependency, require
 from serval.optimize.parity import Thresholds, compare
 
 pytestmark = pytest.mark.unit
@@ -71,8 +70,3 @@ def test_label_outputs_compare_by_agreement_and_shapes_must_match() -> None:
     assert result.outputs[0].top1_agreement == pytest.approx(0.9)
     assert any("label" in f and "top-1" in f for f in result.failures)
     assert any("shape (10, 3) != original (10, 2)" in f for f in result.failures)
-
-
-def test_a_missing_library_names_the_extra() -> None:
-    with pytest.raises(MissingDependency, match=r"pip install 'serval\[optimize\]'"):
-        require("serval_no_such_module_xyz")

@@ -1,0 +1,35 @@
+"""The HTTP app's header readers: timeouts, lengths and content encodings refused with a
+precise 400."""
+
+from __future__ import annotations
+
+import pytest
+
+from serval.errors import InvalidInput
+from serval.server.http.app import _decompress, _header_length, _timeout_ms
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("value", [b"inf", b"nan", b"1e308", b"-1", b"0", b"\xff", b"86400001"])
+def test_timeouts_must_be_finite_positive_and_at_most_a_day(value: bytes) -> None:
+    with pytest.raises(InvalidInput, match="at most 86400000"):
+        _timeout_ms(value)
+
+
+def test_a_timeout_within_bounds_is_taken() -> None:
+    assert _timeout_ms(b"86400000") == 86_400_000.0
+    assert _timeout_ms(b" 2.5 ") == 2.5
+
+
+@pytest.mark.parametrize("value", [b"\xff\xfe", b"-1", b"1_0", b"+5", b"9" * 20, b""])
+def test_header_lengths_are_plain_ascii_integers(value: bytes) -> None:
+    with pytest.raises(InvalidInput, match="must be a non-negative integer"):
+        _header_length(value)
+    assert _header_length(b" 12 ") == 12
+
+
+def test_a_non_utf8_content_encoding_is_shown_escaped() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _decompress(b"x", b"\xff\xfe", 100)
+    assert caught.value.message.startswith("Content-Encoding '\\xff\\xfe' is not supported")
