@@ -83,9 +83,9 @@ def _sampler_cost(models: int, active_share: float = 0.2) -> None:
     """CPU the 1 s sampler takes with `models` versions, a fifth of them taking traffic."""
     import time
 
-    from serval.observability.stats import ModelStats
     from serval.observability.status import ServerStatus
     from serval.repository.served import ModelState, ServedModel
+    from serval.stats import ModelStats
 
     totals = ModelStats("_all", "")
     versions = [ServedModel(f"m{i}", "1", ModelState.READY, totals=totals) for i in range(models)]

@@ -23,7 +23,6 @@ from serval.errors import (
     ServalError,
     ServerUnavailable,
 )
-from serval.observability.stats import ModelStats
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
 from serval.protocol.types import (
@@ -35,6 +34,7 @@ from serval.protocol.types import (
 )
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
+from serval.stats import ModelStats
 
 log = logging.getLogger(__name__)
 

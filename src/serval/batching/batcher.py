@@ -33,8 +33,8 @@ from serval.errors import (
     ServalError,
     ServerUnavailable,
 )
-from serval.observability.stats import ModelStats
 from serval.protocol.types import TensorDict
+from serval.stats import ModelStats
 
 log = logging.getLogger(__name__)
 

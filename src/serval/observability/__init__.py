@@ -1,1 +1,1 @@
-"""What Serval tells operators: per-model statistics, Prometheus metrics, logs."""
+"""What Serval tells operators: Prometheus metrics, logs, recent rates (over serval.stats)."""

@@ -16,7 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from serval.observability.stats import Histogram, ModelStats
+from serval.stats import Histogram, ModelStats
 
 LABELS = ["model", "version"]
 

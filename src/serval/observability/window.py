@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, replace
 
-from serval.observability.stats import LATENCY_BUCKETS_S, ModelStats
+from serval.stats import LATENCY_BUCKETS_S, ModelStats
 
 SERIES_POINTS = 120  # per-second points kept per version (two minutes)
 POINTS_PER_SECOND = 100  # the busiest versions of each second get a chart point

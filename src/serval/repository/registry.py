@@ -22,12 +22,12 @@ from serval.backends.isolated import IsolatedBackend
 from serval.backends.pipeline import PipelineModel
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
-from serval.observability.stats import Histogram, ModelStats
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import serving_version, verify_version
 from serval.repository.warmup import warmup_inputs
+from serval.stats import Histogram, ModelStats
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from serval.backends.base import LoadedModel, ModelVersionSpec
 from serval.batching.batcher import Batcher
-from serval.observability.stats import ModelStats
+from serval.stats import ModelStats
 
 
 class ModelState(enum.Enum):

@@ -17,8 +17,8 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
 from serval.config import load_model_config
 from serval.errors import BackendError, DeadlineExceeded, Overloaded, ServerUnavailable
-from serval.observability.stats import ModelStats
 from serval.protocol.types import TensorDict
+from serval.stats import ModelStats
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from serval.observability.metrics import (
     ModelMetricsCollector,
     build_registry,
 )
-from serval.observability.stats import ModelStats
+from serval.stats import ModelStats
 
 pytestmark = pytest.mark.unit
 

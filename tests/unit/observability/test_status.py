@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from serval.observability.stats import ModelStats
 from serval.observability.status import PageQuery, ServerStatus
 from serval.observability.window import POINTS_PER_SECOND
 from serval.repository.served import ModelState, ServedModel
+from serval.stats import ModelStats
 from tests.unit.observability.test_window import _serve
 
 pytestmark = pytest.mark.unit

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from serval.observability.stats import LATENCY_BUCKETS_S, ModelStats
 from serval.observability.window import WINDOW_S, VersionWindow, quantile
+from serval.stats import LATENCY_BUCKETS_S, ModelStats
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from serval.observability.stats import LATENCY_BUCKETS_S, Histogram, ModelStats
+from serval.stats import LATENCY_BUCKETS_S, Histogram, ModelStats
 
 pytestmark = pytest.mark.unit
 
