@@ -83,8 +83,8 @@ def _sampler_cost(models: int, active_share: float = 0.2) -> None:
     """CPU the 1 s sampler takes with `models` versions, a fifth of them taking traffic."""
     import time
 
-    from serval.observability.status import ServerStatus
     from serval.repository.served import ModelState, ServedModel
+    from serval.server.http.ui.status import ServerStatus
     from serval.stats import ModelStats
 
     totals = ModelStats("_all", "")

@@ -205,3 +205,25 @@ def test_the_built_wheel_ships_the_page_assets(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for asset in ("index.html", "app.js", "charts.js", "style.css"):
         assert f"serval/server/http/ui/static/{asset}" in names
+
+
+def test_the_page_names_the_version_requests_reach_when_the_newest_is_not_ready(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """Lazy control, v2 broken: once v2 fails to load, unversioned requests reach v1 (loadable,
+    not yet loaded), and the page names v1 with its state, not the failed v2."""
+    fixture_models.linear(tmp_path, "m", config="max_batch_size: 8\nversion_policy: {all: true}\n")
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.onnx").write_bytes(b"\x08\x07this is not an onnx model")
+    server = server_factory(tmp_path, "--model-control", "lazy")
+    assert infer(server.url, "m", X).status == 503  # reached v2, the newest; its load failed
+    detail = _get(server, "/status/models/m")
+    assert {v["version"]: v["state"] for v in detail["versions"]} == {
+        "1": "UNAVAILABLE", "2": "UNAVAILABLE"}
+    row = _get(server, "/status/models")["models"][0]
+    for described in (row, detail):
+        assert described["serving_version"] == "1", described
+        assert (described["state"], described["reason"]) == ("UNAVAILABLE", "not loaded")
+    reply = infer(server.url, "m", X)
+    assert reply.status == 200 and reply.json()["model_version"] == "1"
+    detail = _get(server, "/status/models/m")
+    assert (detail["serving_version"], detail["state"]) == ("1", "READY")

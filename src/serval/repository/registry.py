@@ -163,7 +163,9 @@ class ModelRegistry:
     # request path ----------------------------------------------------------------------------
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
-        """The model version (None: the newest ready one, else the newest); NotFound if unknown."""
+        """The model version; NotFound if unknown. None: the version an unversioned request
+        reaches (the newest ready one, else the newest loadable, else the newest), the one rule
+        the request path and the status page share."""
         versions = self._models.get(name)
         if not versions:
             raise ModelNotFound(f"unknown model '{name}'")

@@ -26,11 +26,11 @@ from serval.observability.metrics import (
     RegistryMetricsCollector,
     build_registry,
 )
-from serval.observability.status import ServerStatus
 from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.http.ui.status import ServerStatus
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on
 from serval.server.supervisor import Supervisor

@@ -15,7 +15,6 @@ from serval.auth import Action, TokenStore, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError
-from serval.observability.status import ServerStatus
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
 from serval.server.http.errors import (
     JSON_HEADERS,
@@ -27,6 +26,7 @@ from serval.server.http.errors import (
 )
 from serval.server.http.openapi import openapi_document
 from serval.server.http.ui.routes import StatusRoutes
+from serval.server.http.ui.status import ServerStatus
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,2 @@
-"""The status page: its static assets (static/) and the routes that serve them and its JSON."""
+"""The status page: its static assets (static/), its JSON view of the registry (status) and the
+routes that serve both."""

@@ -14,8 +14,8 @@ from urllib.parse import parse_qsl
 import orjson
 
 from serval.errors import InvalidInput
-from serval.observability.status import PageQuery, ServerStatus
 from serval.server.http.errors import JSON_HEADERS, Headers, error_body
+from serval.server.http.ui.status import PageQuery, ServerStatus
 
 Reply = tuple[int, bytes, Headers]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from serval.observability.status import PageQuery, ServerStatus
 from serval.observability.window import POINTS_PER_SECOND
 from serval.repository.served import ModelState, ServedModel
+from serval.server.http.ui.status import PageQuery, ServerStatus
 from serval.stats import ModelStats
 from tests.unit.observability.test_window import _serve
 
@@ -27,6 +27,9 @@ class _Registry:
 
     def all_models(self) -> list[ServedModel]:
         return self.versions
+
+    def get(self, name: str) -> ServedModel:  # one version per name here
+        return next(served for served in self.versions if served.name == name)
 
 
 def test_only_the_busiest_versions_get_chart_points_and_state_changes_become_events() -> None:

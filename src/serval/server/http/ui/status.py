@@ -17,8 +17,9 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from serval import __version__
-from serval.errors import InvalidInput, ModelNotFound
+from serval.errors import ConfigError, InvalidInput, ModelNotFound
 from serval.observability.window import POINTS_PER_SECOND, Rates, VersionWindow
+from serval.repository.store import history
 
 if TYPE_CHECKING:
     from serval.repository.registry import ModelRegistry
@@ -176,7 +177,7 @@ class ServerStatus:
                 groups.setdefault(served.name, []).append(served)
         if query.state:
             groups = {name: versions for name, versions in groups.items()
-                      if _serving(versions).state.value == query.state}
+                      if self.registry.get(name).state.value == query.state}
         names = sorted(groups)
         if query.sort != "name":
             key = self._sort_key(query.sort, self._clock())
@@ -198,7 +199,7 @@ class ServerStatus:
         if sort == "resident_bytes":
             return lambda versions: sum(s.memory_bytes for s in versions)
         if sort == "state":
-            return lambda versions: _serving(versions).state.value
+            return lambda versions: self.registry.get(versions[0].name).state.value
         return lambda versions: _sort_value(self._row(versions[0].name, versions)["p99_ms"])
 
     def model_detail(self, name: str) -> dict[str, Any]:
@@ -233,9 +234,9 @@ class ServerStatus:
         return VersionWindow(served.stats, self._clock()) if window is None else window
 
     def _row(self, name: str, versions: list[ServedModel]) -> dict[str, Any]:
-        """A table row: the version that answers unversioned requests, and recent figures."""
-        serving = _serving(versions)
-        ready = serving.state.value == "READY"
+        """A table row: the version unversioned requests reach (the registry's rule, whether
+        or not it is ready), its state, and recent figures of every version."""
+        serving = self.registry.get(name)
         now = self._clock()
         recents = [r for r in (self._window(s).recent(now) for s in versions) if r is not None]
         executions = sum(r.executions for r in recents)
@@ -243,7 +244,7 @@ class ServerStatus:
         p99s = [r.p99_ms for r in recents if r.p99_ms is not None]
         p50s = [r.p50_ms for r in recents if r.p50_ms is not None and r.requests]
         return {
-            "name": name, "serving_version": serving.version if ready else None,
+            "name": name, "serving_version": serving.version,
             "state": serving.state.value, "reason": serving.reason,
             "versions": len(versions), "resident_bytes": sum(s.memory_bytes for s in versions),
             "requests_per_s": round(sum(r.requests_per_s for r in recents), 3),
@@ -283,9 +284,6 @@ def process_resident_bytes() -> int | None:
 
 def _repository_history(registry: ModelRegistry, name: str) -> dict[str, dict[str, Any]]:
     """Publish time, note and pin of each version folder (manifests written by `repo publish`)."""
-    from serval.errors import ConfigError
-    from serval.repository.store import history
-
     try:
         records = history(registry.root, name)
     except (ConfigError, OSError):
@@ -305,12 +303,6 @@ def _int_param(params: dict[str, str], key: str, default: int, low: int, high: i
     if not low <= value <= high:
         raise InvalidInput(f"{key} must be an integer from {low} to {high}, got {raw!r}")
     return value
-
-
-def _serving(versions: list[ServedModel]) -> ServedModel:
-    """The version an unversioned request reaches: the newest ready one, else the newest."""
-    ready = [s for s in versions if s.state.value == "READY"]
-    return max(ready or versions, key=lambda s: int(s.version))
 
 
 def _sort_value(value: Any) -> tuple[int, Any]:
