@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +185,10 @@ def serve_command(
 
 def _check_tls(cert: Path | None, key: Path | None) -> None:
     """A certificate and key that do not load fail here, not later as a failure to listen."""
-    if cert is None or key is None:
-        return  # ServerConfig refuses one without the other
+    from serval.server.listen import tls_context
+
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        tls_context(cert, key)  # None without both: ServerConfig refuses one without the other
     except OSError as exc:  # ssl.SSLError included
         fail(f"--tls-cert {cert} with --tls-key {key}: cannot load them: {exc.strerror or exc}")
 

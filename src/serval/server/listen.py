@@ -1,11 +1,13 @@
-"""Listening sockets for both transports: a deep kernel queue, accepts taken in small batches."""
+"""Listening sockets for both transports: a deep kernel queue, accepts taken in small batches,
+and the one server TLS context builder."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from serval.server.limits import ConnectionGate
 from serval.server.tls import TlsHandshake
@@ -45,3 +47,16 @@ async def serve_on(sock: socket.socket, factory: Callable[[], asyncio.Protocol],
         accept, sock=sock, backlog=ACCEPT_BATCH)
     sock.listen(LISTEN_BACKLOG)  # asyncio listened with the batch size: the kernel's queue
     return server
+
+
+def tls_context(cert: Path | None, key: Path | None,
+                alpn: Sequence[str] = ()) -> ssl.SSLContext | None:
+    """A server-side TLS context for cert and key (None unless both are given), offering the
+    `alpn` protocols in the handshake (none: no ALPN)."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
+    return context

@@ -7,7 +7,6 @@ import gc
 import logging
 import os
 import signal
-import ssl
 from typing import TYPE_CHECKING
 
 from serval.auth import TokenStore
@@ -32,7 +31,7 @@ from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.http.ui.status import ServerStatus
 from serval.server.limits import TransportGuards
-from serval.server.listen import bind_socket, serve_on
+from serval.server.listen import bind_socket, serve_on, tls_context
 from serval.server.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -95,8 +94,8 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     tracker = ConnectionTracker()
     loop = asyncio.get_running_loop()
     server = await serve_on(sock, lambda: HttpProtocol(app, tracker, guards),
-                            _tls_context(config), config.limits.tls_handshake_timeout_s,
-                            guards.gate)
+                            tls_context(config.tls_cert, config.tls_key),
+                            config.limits.tls_handshake_timeout_s, guards.gate)
     grpc_server = await _start_grpc(dataplane, config, reuse_port, auth, guards)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -161,11 +160,3 @@ async def _start_grpc(dataplane: DataPlane, config: ServerConfig, reuse_port: bo
         guards=guards, reuse_port=reuse_port, auth=auth,
         tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key else None,
     )
-
-
-def _tls_context(config: ServerConfig) -> ssl.SSLContext | None:
-    if config.tls_cert is None or config.tls_key is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
-    return context

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ssl
 from pathlib import Path
 
 from serval.auth import TokenStore
@@ -12,7 +11,7 @@ from serval.server.grpc.calls import ServiceRunner
 from serval.server.grpc.connection import GrpcConnection
 from serval.server.grpc.servicer import InferenceServicer
 from serval.server.limits import TransportGuards
-from serval.server.listen import bind_socket, serve_on
+from serval.server.listen import bind_socket, serve_on, tls_context
 
 
 class GrpcServer:
@@ -44,18 +43,9 @@ async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
     """A started server on host:port; OSError when the port cannot be bound."""
     runner = ServiceRunner(InferenceServicer(dataplane, auth))
     connections: set[GrpcConnection] = set()
+    cert, key = tls if tls is not None else (None, None)
     sock = bind_socket(host, port, reuse_port)
     server = await serve_on(sock, lambda: GrpcConnection(runner, connections, guards),
-                            _tls_context(tls), guards.limits.tls_handshake_timeout_s,
-                            guards.gate)
+                            tls_context(cert, key, alpn=("h2",)),
+                            guards.limits.tls_handshake_timeout_s, guards.gate)
     return GrpcServer(server, connections)
-
-
-def _tls_context(tls: tuple[Path, Path] | None) -> ssl.SSLContext | None:
-    if tls is None:
-        return None
-    cert, key = tls
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    context.set_alpn_protocols(["h2"])
-    return context
