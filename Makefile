@@ -57,7 +57,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Regenerate the committed gRPC modules after editing the .proto (needs the dev extras).
-PROTO := src/serval/server/grpc/proto/grpc_service.proto
+PROTO := src/serval/protocol/grpc/grpc_service.proto
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 

@@ -102,7 +102,7 @@ def check_grpc_answer(target: str, request: bytes, spec: ModelSpec,
     import grpc
 
     from serval.loadtest.grpc_closed_loop import MODEL_INFER
-    from serval.server.grpc.proto import grpc_service_pb2 as pb
+    from serval.protocol.grpc import grpc_service_pb2 as pb
 
     with grpc.insecure_channel(target) as channel:
         try:

@@ -39,7 +39,7 @@ def _dump(module: str) -> dict[str, dict[str, list[object]]]:
 
 
 def test_every_serval_field_matches_triton() -> None:
-    ours = _dump("serval.server.grpc.proto.grpc_service_pb2")
+    ours = _dump("serval.protocol.grpc.grpc_service_pb2")
     triton = _dump("tritonclient.grpc.service_pb2")
     triton_config = _dump("tritonclient.grpc.model_config_pb2")
     reference = {**triton["fields"], **triton_config["fields"]}
@@ -50,7 +50,7 @@ def test_every_serval_field_matches_triton() -> None:
 
 
 def test_every_serval_rpc_matches_triton() -> None:
-    ours = _dump("serval.server.grpc.proto.grpc_service_pb2")["methods"]
+    ours = _dump("serval.protocol.grpc.grpc_service_pb2")["methods"]
     triton = _dump("tritonclient.grpc.service_pb2")["methods"]
     assert "inference.GRPCInferenceService.ModelInfer" in ours
     assert {name: triton.get(name) for name in ours} == ours

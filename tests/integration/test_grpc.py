@@ -1,6 +1,7 @@
 """tritonclient.grpc against a real server: the gRPC twin of every HTTP behaviour.
 
-Never import serval.server.grpc here: its protobuf symbols clash with tritonclient's.
+Never import serval.protocol.grpc (or serval.server.grpc) here: its protobuf symbols clash with
+tritonclient's.
 """
 
 from __future__ import annotations

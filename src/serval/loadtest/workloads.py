@@ -141,7 +141,7 @@ def _binary_body(feed: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
 
 def grpc_requests(model: str, feeds: list[dict[str, np.ndarray]]) -> list[bytes]:
     """Serialized v2 ModelInferRequests (raw_input_contents), one per input set."""
-    from serval.server.grpc.proto import grpc_service_pb2 as pb
+    from serval.protocol.grpc import grpc_service_pb2 as pb
 
     out = []
     for feed in feeds:

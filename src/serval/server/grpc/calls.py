@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from serval.observability.logging import report_internal_error
-from serval.server.grpc.proto import grpc_service_pb2 as pb
+from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.server.grpc.stream import INTERNAL, OK, ServerCall
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from google.protobuf import json_format
 from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import ServalError
-from serval.server.grpc.codec import decode_infer_request, encode_infer_response
+from serval.protocol.grpc import grpc_service_pb2 as pb
+from serval.protocol.grpc import grpc_service_pb2_grpc as pb_grpc
+from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
-from serval.server.grpc.proto import grpc_service_pb2 as pb
-from serval.server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)

@@ -10,9 +10,9 @@ import numpy as np
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
 from serval.protocol.dtypes import lookup, v2_datatype
+from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.shapes import check_shape
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
-from serval.server.grpc.proto import grpc_service_pb2 as pb
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
