@@ -56,10 +56,10 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy
 
-# Regenerate the committed gRPC modules after editing the .proto (needs the dev extras).
+# Regenerate the committed protobuf modules after editing the .proto (needs the dev extras).
 PROTO := src/serval/protocol/grpc/grpc_service.proto
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src $(PROTO)
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache

@@ -13,17 +13,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from serval.observability.logging import report_internal_error
 from serval.protocol.grpc import grpc_service_pb2 as pb
-from serval.server.grpc.stream import INTERNAL, OK, ServerCall
+from serval.protocol.grpc.status import GrpcStatus
+from serval.server.grpc.stream import ServerCall
 
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
-INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 _TIMEOUT_UNITS_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000_000,
                      "m": 1_000_000, "u": 1_000, "n": 1}
 
@@ -31,9 +30,9 @@ _TIMEOUT_UNITS_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000
 class AbortCall(Exception):
     """Raised by CallContext.abort: the call ends with this status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: GrpcStatus, details: str) -> None:
         super().__init__(details)
-        self.status, self.details = int(code.value[0]), details
+        self.status, self.details = code, details
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class CallContext:
         self.call = call
         self.deadline_ns = _deadline_ns(call)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> NoReturn:
+    async def abort(self, code: GrpcStatus, details: str = "") -> NoReturn:
         raise AbortCall(code, details)
 
     def time_remaining(self) -> float | None:
@@ -96,14 +95,14 @@ class ServiceRunner:
             else:
                 reply = await method.handler(requests, context)
                 call.send_message(reply.SerializeToString())
-            call.finish(OK)
+            call.finish(GrpcStatus.OK)
         except AbortCall as exc:
             call.finish(exc.status, exc.details)
         except asyncio.CancelledError:
-            call.finish(grpc.StatusCode.CANCELLED.value[0], "cancelled")
+            call.finish(GrpcStatus.CANCELLED, "cancelled")
             raise
         except Exception as exc:  # a bug: answer INTERNAL, keep serving
-            call.finish(INTERNAL, report_internal_error(exc, method.name,
+            call.finish(GrpcStatus.INTERNAL, report_internal_error(exc, method.name,
                                                         "internal server error", repr(exc)))
 
 
@@ -121,7 +120,7 @@ def service_methods(servicer: object) -> dict[str, Method]:
 def _single_message(call: ServerCall) -> bytes:
     message = call.next_message() if call.message_count == 1 else None
     if message is None:
-        raise AbortCall(grpc.StatusCode.INVALID_ARGUMENT,
+        raise AbortCall(GrpcStatus.INVALID_ARGUMENT,
                         f"a unary call carries exactly one request message, not "
                         f"{call.message_count}")
     return message
@@ -131,7 +130,7 @@ def _parse(request_type: Any, message: bytes) -> Any:
     try:
         return request_type.FromString(message)
     except DecodeError:
-        raise AbortCall(grpc.StatusCode.INVALID_ARGUMENT,
+        raise AbortCall(GrpcStatus.INVALID_ARGUMENT,
                         f"the request is not a valid {request_type.DESCRIPTOR.full_name} "
                         "message") from None
 

@@ -21,12 +21,10 @@ from typing import Any, Protocol
 from serval.http2 import frames as h2
 from serval.http2.flow import grow_send_window
 from serval.http2.hpack import HeaderListTooLarge
+from serval.protocol.grpc.status import GrpcStatus
 from serval.server.grpc.framing import Http2Connection
 from serval.server.grpc.stream import CallFailed, ServerCall
 from serval.server.limits import TransportGuards
-
-_RESOURCE_EXHAUSTED = 8
-_UNIMPLEMENTED = 12
 
 
 class CallRunner(Protocol):
@@ -192,7 +190,7 @@ class GrpcConnection(Http2Connection):
         call = self.calls.get(stream_id)
         if call is not None:  # trailers from the client end its stream
             if too_large is not None:
-                call.abort(_RESOURCE_EXHAUSTED, too_large)
+                call.abort(GrpcStatus.RESOURCE_EXHAUSTED, too_large)
             elif call.remote_closed:
                 self._reset(call, h2.STREAM_CLOSED)
             elif not flags & h2.END_STREAM:
@@ -217,7 +215,7 @@ class GrpcConnection(Http2Connection):
                           max_messages=limits.h2_max_stream_messages, budget=self.guards.budget)
         self.calls[stream_id] = call
         if too_large is not None:
-            call.finish(_RESOURCE_EXHAUSTED, too_large)
+            call.finish(GrpcStatus.RESOURCE_EXHAUSTED, too_large)
             if flags & h2.END_STREAM:
                 self._end_remote(call)
         elif self._start(call) and flags & h2.END_STREAM:
@@ -231,7 +229,7 @@ class GrpcConnection(Http2Connection):
             return False
         streaming = self.runner.is_client_streaming(path)
         if streaming is None:
-            call.finish(_UNIMPLEMENTED, f"Method not found: {path}")
+            call.finish(GrpcStatus.UNIMPLEMENTED, f"Method not found: {path}")
             return False
         if streaming:
             call.task = asyncio.get_running_loop().create_task(self.runner.run(call))

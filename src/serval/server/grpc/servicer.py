@@ -14,7 +14,6 @@ from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
-from serval.protocol.grpc import grpc_service_pb2_grpc as pb_grpc
 from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 
@@ -23,8 +22,8 @@ Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext'
 _STREAM_SLOTS = 128  # requests of one stream in flight, when the context does not say
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """The v2 gRPC API over one DataPlane."""
+class InferenceServicer:
+    """The v2 gRPC API over one DataPlane: a method for every RPC of the service, by its name."""
 
     def __init__(self, dataplane: DataPlane, auth: TokenStore | None = None) -> None:
         self.dataplane = dataplane

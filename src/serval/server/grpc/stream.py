@@ -20,6 +20,7 @@ from typing import Protocol
 from serval.http2 import frames as h2
 from serval.http2.flow import InboundWindow
 from serval.http2.hpack import Header, encode_headers
+from serval.protocol.grpc.status import GrpcStatus
 from serval.server.limits import ReceiveBudget
 
 _MESSAGE_PREFIX = struct.Struct(">BL")
@@ -27,15 +28,12 @@ _RESPONSE_HEADERS = b"\x88" + encode_headers([("content-type", "application/grpc
 _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
 
-# gRPC status codes used by the transport itself
-OK, INVALID_ARGUMENT, INTERNAL = 0, 3, 13
-UNIMPLEMENTED, RESOURCE_EXHAUSTED = 12, 8
 
 
 class CallFailed(Exception):
     """The request cannot be read (size, compression); the call ends with this status."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: GrpcStatus, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
 
@@ -144,7 +142,8 @@ class ServerCall:
             if not self._buffer_reserved:
                 self._check_size(length)
                 if not self.budget.reserve(length + 5):
-                    raise CallFailed(RESOURCE_EXHAUSTED, self.budget.refusal_message(length))
+                    raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED,
+                                     self.budget.refusal_message(length))
                 self._buffer_reserved = length + 5
                 self._reserved += length + 5
             if len(buffer) < 5 + length:
@@ -157,14 +156,15 @@ class ServerCall:
 
     def _check_size(self, length: int) -> None:
         if length > self.max_message_bytes:
-            raise CallFailed(RESOURCE_EXHAUSTED, f"received message larger than max "
-                                                 f"({length} vs. {self.max_message_bytes})")
+            raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED, f"received message larger than max "
+                             f"({length} vs. {self.max_message_bytes})")
 
     def _deliver(self, compressed: int, message: bytes, credit: int, reserved: int) -> None:
         self._check_size(len(message))
         if len(self.messages) >= self.max_messages:
-            raise CallFailed(RESOURCE_EXHAUSTED, f"more than {self.max_messages} request "
-                                                 "messages of one stream waiting to be read")
+            raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED,
+                             f"more than {self.max_messages} request messages of one stream "
+                             "waiting to be read")
         if compressed:
             message = _decompress(message, self.header("grpc-encoding") or "identity",
                                   self.max_message_bytes)
@@ -224,12 +224,12 @@ class ServerCall:
         if self._drainer is not None and not self._drainer.done():
             self._drainer.set_result(None)
 
-    def finish(self, status: int, message: str = "") -> None:
+    def finish(self, status: GrpcStatus, message: str = "") -> None:
         """End the call with a status (trailers; trailers-only when nothing was sent)."""
         if self.finished:
             return
         self.finished = True
-        trailers = [("grpc-status", str(status))]
+        trailers = [("grpc-status", str(int(status)))]
         if message:
             trailers.append(("grpc-message", percent_encode(message)))
         block = encode_headers(trailers)
@@ -239,7 +239,7 @@ class ServerCall:
                                   block)
         self.owner.send_pending(self)
 
-    def abort(self, status: int, message: str) -> None:
+    def abort(self, status: GrpcStatus, message: str) -> None:
         """End the call now with a status: replies not yet sent are dropped."""
         task, self.task = self.task, None
         if task is not None:
@@ -291,18 +291,18 @@ class ServerCall:
 
 def _decompress(message: bytes, encoding: str, limit_bytes: int) -> bytes:
     if encoding not in ("gzip", "deflate"):
-        raise CallFailed(UNIMPLEMENTED, f"compressed message with unsupported grpc-encoding "
-                                        f"'{encoding}' (supported: gzip, deflate)")
+        raise CallFailed(GrpcStatus.UNIMPLEMENTED, f"compressed message with unsupported "
+                         f"grpc-encoding '{encoding}' (supported: gzip, deflate)")
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     inflater = zlib.decompressobj(wbits)
     try:
         plain = inflater.decompress(message, limit_bytes + 1)
     except zlib.error as exc:
-        raise CallFailed(INVALID_ARGUMENT, f"the message is not valid {encoding} data: {exc}"
-                         ) from None
+        raise CallFailed(GrpcStatus.INVALID_ARGUMENT,
+                         f"the message is not valid {encoding} data: {exc}") from None
     if len(plain) > limit_bytes:
-        raise CallFailed(RESOURCE_EXHAUSTED, f"decompressed message larger than max "
-                                             f"({limit_bytes} bytes)")
+        raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED, f"decompressed message larger than max "
+                         f"({limit_bytes} bytes)")
     return plain
 
 
