@@ -1,7 +1,8 @@
 """Runs gRPC calls against the servicer: method table, request parsing, context, status codes.
 
 The servicer's methods have grpc.aio's shape (`request, context` in; a reply, or an async
-iterator of replies, out); `CallContext` is the part of grpc.aio's ServicerContext they use.
+iterator of replies, out); `CallContext` is the part of grpc.aio's ServicerContext they use, its
+status codes spelled as GrpcStatus.
 """
 
 from __future__ import annotations
