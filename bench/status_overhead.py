@@ -125,7 +125,7 @@ def _watch(port: int, model: str, stop: threading.Event) -> None:
 
 def _checkout(ref: str, into: Path) -> Path:
     """The `src` tree of a commit, extracted with git archive."""
-    if ref == "auto":
+    if ref == "auto":  # the commit before the status page first landed (at its old path)
         added = subprocess.run(
             ["git", "log", "--diff-filter=A", "--format=%H", "--",
              "src/serval/observability/status.py"], cwd=ROOT, capture_output=True, text=True,
