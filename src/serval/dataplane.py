@@ -1,4 +1,4 @@
-"""The one API both transports call: validate, route to a model's batcher, account, answer."""
+"""The one API both transports call: validate, route to a model's runner, account, answer."""
 
 from __future__ import annotations
 
@@ -9,32 +9,18 @@ from typing import Any
 
 from serval import __version__
 from serval.backends.base import ModelMetadata
-from serval.backends.pipeline import PipelineModel
-from serval.config import PipelineStep
 from serval.errors import (
-    BackendError,
-    DeadlineExceeded,
-    EngineRejectedInput,
     InvalidInput,
-    ModelNotFound,
     ModelNotReady,
     Overloaded,
     PermissionDenied,
     ServalError,
-    ServerUnavailable,
 )
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
-from serval.protocol.types import (
-    InferRequest,
-    InferResponse,
-    RequestedOutput,
-    TensorDict,
-    TensorSpec,
-)
+from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState, ServedModel
-from serval.stats import ModelStats
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +42,7 @@ class DataPlane:
         self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
         self._inflight = 0
         self._ready = False
+        registry.route_steps(self._infer_model)  # a pipeline's steps take the same path
 
     def set_ready(self, ready: bool) -> None:
         self._ready = ready
@@ -178,12 +165,12 @@ class DataPlane:
         """
         self._check_inflight()
         served = self.registry.get(name, version)  # ModelNotFound: 404 before the body
-        batcher = served.batcher
-        if batcher is not None:
+        runner = served.runner
+        if runner is not None:
             if deadline_ns is None and self.default_timeout_ns and not own_timeout:
                 deadline_ns = time.perf_counter_ns() + self.default_timeout_ns
             try:
-                batcher.check_capacity(deadline_ns)
+                runner.check_capacity(deadline_ns)
             except Overloaded as exc:
                 served.stats.record_request(exc.code.value, 0)
                 raise
@@ -212,18 +199,15 @@ class DataPlane:
         self, name: str, version: str | None, request: InferRequest, received_ns: int,
         deadline_ns: int | None,
     ) -> InferResponse:
-        """Run one request through the model's batcher (or a pipeline's steps); count it."""
+        """Run one request through the model's runner (its batcher, or a pipeline's steps,
+        each of which comes back through here); count it."""
         async with self.registry.acquire(name, version) as served:
             stats = served.stats
             try:
                 metadata = _require_metadata(served)
                 validate_request(request, metadata, name)
-                if isinstance(served.model, PipelineModel):
-                    outputs = await self._run_pipeline(name, served.model, request.inputs,
-                                                       deadline_ns, stats)
-                else:
-                    assert served.batcher is not None
-                    outputs = await served.batcher.infer(request.inputs, deadline_ns)
+                assert served.runner is not None
+                outputs = await served.runner.infer(request.inputs, deadline_ns)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise
@@ -234,28 +218,6 @@ class DataPlane:
             return InferResponse(
                 name, served.version, _select_outputs(outputs, request), request.id
             )
-
-
-    async def _run_pipeline(self, name: str, pipeline: PipelineModel, inputs: TensorDict,
-                            deadline_ns: int | None, stats: ModelStats) -> TensorDict:
-        """Each step is an ordinary inference on its model; errors name the step."""
-        tensors = dict(inputs)
-        for index, step in enumerate(pipeline.steps, start=1):
-            step_request = InferRequest(
-                {step_input: tensors[tensor] for step_input, tensor in step.inputs.items()},
-                outputs=[RequestedOutput(output) for output in step.outputs],
-            )
-            started_ns = time.perf_counter_ns()
-            try:
-                response = await self._infer_model(step.model, step.version, step_request,
-                                                   started_ns, deadline_ns)
-            except ServalError as exc:
-                raise _in_step(exc, pipeline, name, index, step) from exc
-            finally:
-                stats.record_step(f"{index}:{step.model}", time.perf_counter_ns() - started_ns)
-            for step_output, tensor in step.outputs.items():
-                tensors[tensor] = response.outputs[step_output]
-        return {spec.name: tensors[spec.name] for spec in pipeline.metadata.outputs}
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry
@@ -282,39 +244,6 @@ def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | Non
         raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings, "
                            "or that object as JSON text")
     return json_object(value, "parameter 'config'", "a JSON object of config.yaml settings")
-
-
-def _in_step(exc: ServalError, pipeline: PipelineModel, name: str, index: int,
-             step: PipelineStep) -> ServalError:
-    """What the client may learn of a step's failure: the pipeline's name and, for an input
-    error, which of its own inputs was wrong; never the steps or why they failed inside."""
-    where = f"pipeline '{name}' step {index} ('{step.model}')"
-    log.info("pipeline step failed", extra={"model": name, "step": where,
-                                            "reason": exc.message})
-    own = {spec.name for spec in pipeline.metadata.inputs}
-    fed = {step_input: tensor for step_input, tensor in step.inputs.items() if tensor in own}
-    if isinstance(exc, EngineRejectedInput):
-        inputs = ", ".join(f"'{tensor}'" for tensor in sorted(set(fed.values())))
-        what = f"input {inputs}" if inputs else "the request's inputs"
-        return InvalidInput(f"pipeline '{name}' cannot compute on the values of {what}: "
-                            f"{exc.detail}")
-    if isinstance(exc, InvalidInput):
-        for step_input, tensor in fed.items():
-            prefix = f"input '{step_input}':"
-            if exc.message.startswith(prefix):
-                return InvalidInput(f"pipeline '{name}': input '{tensor}':"
-                                    f"{exc.message[len(prefix):]}")
-        exc = BackendError(exc.message)  # the pipeline's wiring, not the client's input
-    if isinstance(exc, Overloaded):
-        return Overloaded(f"pipeline '{name}' is overloaded; retry shortly", exc.retry_after_s)
-    if isinstance(exc, DeadlineExceeded):
-        return DeadlineExceeded(f"the request's deadline passed while pipeline '{name}' ran it")
-    if isinstance(exc, ModelNotFound | ModelNotReady | ServerUnavailable):
-        return ModelNotReady(f"pipeline '{name}' cannot serve now: one of its models is not "
-                             "ready")
-    error = BackendError(f"{where}: {exc.message}")
-    error.public_message = f"pipeline '{name}' failed to run the request"
-    return error
 
 
 def validate_request(request: InferRequest, metadata: ModelMetadata, model: str) -> None:

@@ -1,4 +1,5 @@
-"""What every engine provides: load a model version, describe it, run a batch."""
+"""What every backend provides: serve a model version. An engine loads it (describe it, run a
+batch) and the registry batches it; a composite (a pipeline) runs other models' steps itself."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Protocol
 
 from serval.config import ModelConfig
 from serval.errors import ConfigError
-from serval.protocol.types import TensorDict, TensorSpec
+from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,25 +32,101 @@ class ModelVersionSpec:
     config: ModelConfig
 
 
-class LoadedModel(Protocol):
-    """A model ready to run; infer is synchronous, batch-first, and thread safe."""
+class Model(Protocol):
+    """A loaded model version as the registry holds it: what it serves, its memory, release."""
 
     @property
     def metadata(self) -> ModelMetadata: ...
-
-    def infer(self, inputs: TensorDict) -> TensorDict: ...
 
     def memory_bytes(self) -> int: ...
 
     def unload(self) -> None: ...
 
 
+class LoadedModel(Model, Protocol):
+    """An engine's model ready to run; infer is synchronous, batch-first, and thread safe."""
+
+    def infer(self, inputs: TensorDict) -> TensorDict: ...
+
+
+class Runner(Protocol):
+    """How requests reach a served model version: a Batcher over an engine's LoadedModel, or
+    a pipeline walking its steps. infer is async; deadline_ns is perf_counter_ns."""
+
+    @property
+    def queued(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict: ...
+
+    def check_capacity(self, deadline_ns: int | None = None) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A model version once a backend serves it: the model (metadata, memory, release) and
+    the runner requests go through."""
+
+    model: Model
+    runner: Runner
+
+
+class ServeContext(Protocol):
+    """What the registry lends a backend serving one version (see Backend.serve)."""
+
+    async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
+        """Load with the engine off the event loop, warm it up, batch its requests."""
+        ...
+
+    async def run_step(self, model: str, version: str | None, request: InferRequest,
+                       deadline_ns: int | None) -> InferResponse:
+        """One inference on another model through the data plane's own per-model path."""
+        ...
+
+    def record_step(self, step: str, duration_ns: int) -> None:
+        """Count one step's time in the served version's statistics."""
+        ...
+
+
 class Backend(Protocol):
-    """An engine able to load the model files of one format."""
+    """Serves the model versions whose config.yaml names it (`backend: <name>`)."""
 
     name: str
 
+    async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served: ...
+
+
+class Engine(Backend, Protocol):
+    """A backend that loads model files into a LoadedModel, which the registry batches."""
+
     def load(self, spec: ModelVersionSpec) -> LoadedModel: ...
+
+
+class EngineBackend:
+    """The serve() every engine shares: the registry loads, warms up and batches it."""
+
+    name: str
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        raise NotImplementedError
+
+    async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
+        return await context.batch_engine(self, spec)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """What the server tells every backend it builds: its share of the cores, and whether
+    model code (the python backend) may run."""
+
+    cores: int = 1
+    allow_python_models: bool = False
 
 
 DEFAULT_MAX_BATCH_SIZE = 64

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from serval.backends.base import Backend, LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.base import Engine, EngineBackend, LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.errors import BackendError, ConfigError, EngineRejectedInput, ModelNotReady
 from serval.protocol.types import TensorDict
 
@@ -30,24 +30,21 @@ STOP_TIMEOUT_S = 5.0
 _STOP = "stop"
 
 
-class IsolatedBackend:
+class IsolatedBackend(EngineBackend):
     """Wraps an engine so that each model version it loads lives in its own process."""
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.name = inner.name
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        if spec.config.backend == "pipeline":
-            raise ConfigError(f"model '{spec.name}': isolation: process does not apply to a "
-                              "pipeline (isolate its steps instead)")
         return IsolatedModel(self.inner, spec)
 
 
 class IsolatedModel:
     """The parent's handle on one child: infer, restart after a crash, unload."""
 
-    def __init__(self, inner: Backend, spec: ModelVersionSpec) -> None:
+    def __init__(self, inner: Engine, spec: ModelVersionSpec) -> None:
         self._inner, self._spec = inner, spec
         self._label = f"model '{spec.name}' version {spec.version}"
         self._lock = threading.Lock()  # one batch on the pipe at a time
@@ -222,7 +219,7 @@ def _read_arrays(conn: Connection, header: list[tuple[str, str, tuple[int, ...]]
     return tensors
 
 
-def child_main(conn: Connection, backend: Backend, spec: ModelVersionSpec) -> None:
+def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
     """The worker process: load, then answer batches until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from serval.backends.base import (
+    BackendOptions,
+    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
@@ -33,13 +35,17 @@ _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(EngineBackend):
     """Loads model.onnx files; cores is what this process may use for engine threads."""
 
     name = "onnxruntime"
 
     def __init__(self, cores: int) -> None:
         self.cores = max(1, cores)
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> OnnxRuntimeBackend:
+        return cls(options.cores)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         model_file = spec.path / MODEL_FILE

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from serval.backends.base import (
+    BackendOptions,
+    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
@@ -24,7 +26,7 @@ from serval.protocol.types import TensorDict, TensorSpec
 MODEL_FILES = ("model.xml", "model.onnx")
 
 
-class OpenVinoBackend:
+class OpenVinoBackend(EngineBackend):
     """Compiles models for the CPU plugin with threads sized like the ONNX Runtime backend."""
 
     name = "openvino"
@@ -32,6 +34,10 @@ class OpenVinoBackend:
     def __init__(self, cores: int) -> None:
         self.cores = max(1, cores)
         self._core: Any = None
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> OpenVinoBackend:
+        return cls(options.cores)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         ov = _import_openvino()

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.base import (
+    BackendOptions,
+    EngineBackend,
+    LoadedModel,
+    ModelMetadata,
+    ModelVersionSpec,
+)
 from serval.backends.declared import declared_metadata
 from serval.config import ModelConfig
 from serval.errors import ConfigError
@@ -33,13 +39,17 @@ class LoadContext:
     config: ModelConfig
 
 
-class PythonBackend:
+class PythonBackend(EngineBackend):
     """Imports model.py from the version folder, once per load, under a unique module name."""
 
     name = "python"
 
     def __init__(self, allowed: bool) -> None:
         self.allowed = allowed
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> PythonBackend:
+        return cls(allowed=options.allow_python_models)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         if not self.allowed:

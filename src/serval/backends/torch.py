@@ -12,7 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.base import (
+    BackendOptions,
+    EngineBackend,
+    LoadedModel,
+    ModelMetadata,
+    ModelVersionSpec,
+)
 from serval.backends.declared import declared_metadata
 from serval.errors import ConfigError
 from serval.protocol.dtypes import numpy_dtype
@@ -22,7 +28,7 @@ MODEL_FILES = ("model.pt", "model.pt2")
 _PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
 
 
-class TorchBackend:
+class TorchBackend(EngineBackend):
     """Loads TorchScript or torch.export programs; torch's threads sized to the cores once."""
 
     name = "pytorch"
@@ -31,6 +37,10 @@ class TorchBackend:
         self.cores = max(1, cores)
         self._threads_set = False
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_options(cls, options: BackendOptions) -> TorchBackend:
+        return cls(options.cores)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
         torch = _import_torch()

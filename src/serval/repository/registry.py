@@ -3,7 +3,8 @@
 Every version folder a model's policy selects has a ServedModel entry, loaded or not. Loads run
 one per version at a time (concurrent first requests await the same load) and at most
 `max_concurrent_loads` at once. Under a memory budget, idle least-recently-used versions are
-evicted to make room; a pinned or busy version never is.
+evicted to make room; a pinned or busy version never is. A version is served by the backend its
+config.yaml names, found in the backend table the registry is given (repository/backends.py).
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
-from serval.backends.isolated import IsolatedBackend
-from serval.backends.pipeline import PipelineModel
-from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from serval.repository.context import StepPath, StepRouter, VersionContext
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import serving_version, verify_version
-from serval.repository.warmup import warmup_inputs
 from serval.stats import Histogram, ModelStats
 
 log = logging.getLogger(__name__)
@@ -64,7 +62,7 @@ class ModelRegistry:
     def __init__(
         self,
         root: Path,
-        backends: dict[str, Backend],
+        backends: Mapping[str, Backend],
         *,
         control: ModelControl = "all",
         memory_budget_bytes: int | None = None,
@@ -76,6 +74,7 @@ class ModelRegistry:
         self.control = control
         self.memory_budget_bytes = memory_budget_bytes
         self._backends = backends
+        self._steps = StepRouter()  # the data plane's per-model path, once it routes here
         self._clock = clock
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
         self._memory = MemoryKeeper()
@@ -160,6 +159,11 @@ class ModelRegistry:
         root = str(self.root).rstrip("/") + "/"
         return _ABSOLUTE_PATH.sub(_last_name, reason.replace(root, ""))
 
+    def route_steps(self, path: StepPath) -> None:
+        """The per-model path a composite model (a pipeline) runs its steps through: the data
+        plane's own, so a step is validated, batched and counted like a client's request."""
+        self._steps.path = path
+
     # request path ----------------------------------------------------------------------------
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
@@ -217,7 +221,7 @@ class ModelRegistry:
 
     async def drain(self) -> None:
         """Wait until every model's queue is empty and nothing runs."""
-        await asyncio.gather(*(s.batcher.drain() for s in self.all_models() if s.batcher))
+        await asyncio.gather(*(s.runner.drain() for s in self.all_models() if s.runner))
 
     async def close(self) -> None:
         """Stop every batcher and release every engine."""
@@ -309,27 +313,14 @@ class ModelRegistry:
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
-        if spec.config.isolation == "process":
-            backend = IsolatedBackend(backend)
         corrupted = await asyncio.to_thread(verify_version, spec.path)
         if corrupted:
             raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
         await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
-        model = await asyncio.to_thread(backend.load, spec)
-        pipeline = isinstance(model, PipelineModel)  # its steps batch; it has no engine
-        try:
-            if not pipeline:
-                await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
-        except Exception as exc:
-            model.unload()
-            raise ConfigError(f"warm-up inference failed: {exc}") from exc
-        served.spec, served.model, served.memory_bytes = spec, model, model.memory_bytes()
-        served.batcher = None if pipeline else Batcher(
-            model, served.stats, instances=spec.config.instances,
-            max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
-            max_queue_size=spec.config.batching.max_queue_size,
-            executor=self._engine_pool,
-        )
+        serving = await backend.serve(spec, VersionContext(served, self._engine_pool,
+                                                           self._steps))
+        served.spec, served.model, served.runner = spec, serving.model, serving.runner
+        served.memory_bytes = serving.model.memory_bytes()
         served.state, served.reason = ModelState.READY, ""
         served.last_used_ns = self._clock()
         self.loads += 1
@@ -378,10 +369,10 @@ class ModelRegistry:
     async def _release(self, served: ServedModel, state: ModelState, reason: str) -> None:
         """Mark the version not ready first (new requests go elsewhere), then free it."""
         served.state, served.reason = state, reason
-        batcher, model = served.batcher, served.model
-        served.batcher, served.model, served.memory_bytes = None, None, 0
-        if batcher is not None:
-            await batcher.close()
+        runner, model = served.runner, served.model
+        served.runner, served.model, served.memory_bytes = None, None, 0
+        if runner is not None:
+            await runner.close()
         if model is not None:
             model.unload()
 

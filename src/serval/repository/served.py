@@ -1,4 +1,4 @@
-"""One model version as the registry tracks it: state, engine, batcher, pins, memory."""
+"""One model version as the registry tracks it: state, model, runner, pins, memory."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
-from serval.backends.base import LoadedModel, ModelVersionSpec
-from serval.batching.batcher import Batcher
+from serval.backends.base import Model, ModelVersionSpec, Runner
 from serval.stats import ModelStats
 
 
@@ -20,15 +19,16 @@ class ModelState(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class ServedModel:
-    """A model version known to the server: loaded and batching, or why it is not."""
+    """A model version known to the server: loaded and served by its runner (a batcher over
+    an engine, or a pipeline over its steps), or why it is not."""
 
     name: str
     version: str
     state: ModelState
     reason: str = ""
     spec: ModelVersionSpec | None = None
-    model: LoadedModel | None = None
-    batcher: Batcher | None = None
+    model: Model | None = None
+    runner: Runner | None = None
     stats: ModelStats = field(init=False)
     in_flight: int = 0
     last_used_ns: int = 0
@@ -46,14 +46,14 @@ class ServedModel:
 
     @property
     def pending_requests(self) -> int:
-        return self.batcher.queued if self.batcher else 0
+        return self.runner.queued if self.runner else 0
 
     @property
     def running_batches(self) -> int:
-        return self.batcher.running if self.batcher else 0
+        return self.runner.running if self.runner else 0
 
     @property
     def idle(self) -> bool:
         """Nothing pinned, queued or computing: safe to evict or unload."""
-        busy = self.batcher is not None and (self.batcher.queued or self.batcher.running)
+        busy = self.runner is not None and (self.runner.queued or self.runner.running)
         return self.in_flight == 0 and not busy

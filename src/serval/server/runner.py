@@ -10,12 +10,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from serval.auth import TokenStore
-from serval.backends.base import Backend
-from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.backends.openvino import OpenVinoBackend
-from serval.backends.pipeline import PipelineBackend
-from serval.backends.python import PythonBackend
-from serval.backends.torch import TorchBackend
+from serval.backends.base import BackendOptions
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.logging import configure_logging
@@ -25,6 +20,7 @@ from serval.observability.metrics import (
     RegistryMetricsCollector,
     build_registry,
 )
+from serval.repository.backends import BackendTable
 from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
@@ -123,13 +119,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
 
 def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
     """The registry with every backend, sized to `cores` (not started)."""
-    backends: dict[str, Backend] = {
-        "onnxruntime": OnnxRuntimeBackend(cores),
-        "openvino": OpenVinoBackend(cores),
-        "pytorch": TorchBackend(cores),
-        "python": PythonBackend(allowed=config.allow_python_models),
-        "pipeline": PipelineBackend(),
-    }
+    backends = BackendTable(BackendOptions(cores, config.allow_python_models))
     return ModelRegistry(
         config.repository, backends, control=config.model_control,
         memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serval.backends.base import LoadedModel, ModelVersionSpec
+from serval.backends.base import EngineBackend, LoadedModel, ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.errors import InvalidInput, ModelNotReady
 from serval.repository.layout import version_bytes
@@ -60,7 +60,7 @@ class Clock:
         self.now_ns = int(seconds * 1e9)
 
 
-class CountingBackend:
+class CountingBackend(EngineBackend):
     """The real ONNX Runtime backend, counting its loads per model; the load of a model in
     `held` waits (in its loader thread) until `release` is set, with `holding` set meanwhile."""
 
@@ -104,13 +104,13 @@ def _resident_bytes(root: Path) -> dict[str, int]:
 
 
 async def _use(registry: ModelRegistry, clock: Clock, name: str, at_s: float) -> None:
-    """One request to `name` at time `at_s`: two rows through its batcher and engine."""
+    """One request to `name` at time `at_s`: two rows through its runner (batcher) and engine."""
     clock.at(at_s)
     async with registry.acquire(name) as served:
-        assert served.batcher is not None and served.model is not None
+        assert served.runner is not None and served.model is not None
         (given,) = served.model.metadata.inputs
         rows = np.linspace(0, 1, 2 * given.shape[1], dtype=np.float32).reshape(2, -1)
-        outputs = await served.batcher.infer({given.name: rows})
+        outputs = await served.runner.infer({given.name: rows})
     assert [len(output) for output in outputs.values()] == [2]
 
 
@@ -282,21 +282,21 @@ def test_a_retired_version_finishes_its_in_flight_work_after_a_swap(tmp_path: Pa
             await registry.start()
             clock.at(1)
             async with registry.acquire("m") as old:
-                assert old.version == "1" and old.batcher is not None
-                before = await old.batcher.infer({"x": rows})
+                assert old.version == "1" and old.runner is not None
+                before = await old.runner.infer({"x": rows})
                 shutil.copytree(tmp_path / "next" / "m" / "1", root / "m" / "2")
                 swap = asyncio.create_task(registry.load("m"))  # latest 1: 2 replaces 1
                 await _until(lambda: old.reason.startswith("retired"))
                 assert registry.get("m").version == "2"  # new requests reach version 2
                 async with registry.acquire("m") as new:
-                    assert new.version == "2" and new.batcher is not None
-                    fresh = await new.batcher.infer({"x": rows})
+                    assert new.version == "2" and new.runner is not None
+                    fresh = await new.runner.infer({"x": rows})
                 assert not np.allclose(fresh["probabilities"], before["probabilities"])
                 assert not swap.done() and old.model is not None  # 1 waits for its request
-                again = await old.batcher.infer({"x": rows})  # which still computes on 1
+                again = await old.runner.infer({"x": rows})  # which still computes on 1
                 np.testing.assert_array_equal(again["probabilities"], before["probabilities"])
             await asyncio.wait_for(swap, 10)
-            assert (old.state, old.model, old.batcher) == (ModelState.UNAVAILABLE, None, None)
+            assert (old.state, old.model, old.runner) == (ModelState.UNAVAILABLE, None, None)
             assert _states(registry) == {"m/1": "UNAVAILABLE", "m/2": "READY"}
         finally:
             await registry.close()

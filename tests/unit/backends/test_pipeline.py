@@ -1,13 +1,12 @@
-"""The data plane's pipeline errors: a step's failure reaches the client without naming the step."""
+"""Pipeline errors: a step's failure reaches the client without naming the step."""
 
 from __future__ import annotations
 
 import pytest
 
 from serval.backends.base import ModelMetadata
-from serval.backends.pipeline import PipelineModel
+from serval.backends.pipeline import in_step
 from serval.config import PipelineStep
-from serval.dataplane import _in_step
 from serval.errors import (
     BackendError,
     DeadlineExceeded,
@@ -23,11 +22,11 @@ from serval.protocol.types import TensorSpec
 pytestmark = pytest.mark.unit
 
 
-def _pipeline() -> tuple[PipelineModel, PipelineStep]:
+def _pipeline() -> tuple[ModelMetadata, PipelineStep]:
     spec = TensorSpec("ids", "INT64", (-1, -1))
     metadata = ModelMetadata("ensemble", (spec,), (TensorSpec("y", "FP32", (-1, 4)),), 8)
     step = PipelineStep(model="secret_step", inputs={"tokens": "ids"}, outputs={"e": "y"})
-    return PipelineModel(metadata, (step,)), step
+    return metadata, step
 
 
 @pytest.mark.parametrize(("inner", "kind", "message"), [
@@ -47,8 +46,8 @@ def _pipeline() -> tuple[PipelineModel, PipelineStep]:
 ])
 def test_pipeline_errors_never_name_a_step_to_the_client(
         inner: ServalError, kind: type[ServalError], message: str | None) -> None:
-    pipeline, step = _pipeline()
-    error = _in_step(inner, pipeline, "p", 1, step)
+    metadata, step = _pipeline()
+    error = in_step(inner, metadata, "p", 1, step)
     assert type(error) is kind
     if isinstance(error, BackendError):  # the log keeps the step; the client sees this
         assert error.public_message == "pipeline 'p' failed to run the request"

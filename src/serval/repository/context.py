@@ -1,0 +1,70 @@
+"""What the registry lends a backend serving one model version (backends.base.ServeContext):
+an engine loaded, warmed up and batched; a pipeline's steps run through the data plane."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from serval.backends.base import Engine, ModelVersionSpec, Served
+from serval.backends.isolated import IsolatedBackend
+from serval.batching.batcher import Batcher
+from serval.errors import ConfigError, ServerUnavailable
+from serval.protocol.types import InferRequest, InferResponse
+from serval.repository.served import ServedModel
+from serval.repository.warmup import warmup_inputs
+
+# the data plane's per-model path: (model, version, request, received_ns, deadline_ns)
+StepPath = Callable[[str, str | None, InferRequest, int, int | None], Awaitable[InferResponse]]
+
+
+class StepRouter:
+    """Where pipeline steps go: the data plane's per-model path, once it routes them here."""
+
+    __slots__ = ("path",)
+
+    def __init__(self) -> None:
+        self.path: StepPath | None = None
+
+    async def run(self, name: str, version: str | None, request: InferRequest,
+                  deadline_ns: int | None) -> InferResponse:
+        if self.path is None:
+            raise ServerUnavailable("no data plane runs this server's pipeline steps")
+        return await self.path(name, version, request, time.perf_counter_ns(), deadline_ns)
+
+
+class VersionContext:
+    """One version's ServeContext: its statistics, the shared engine pool, the step router."""
+
+    __slots__ = ("_executor", "_served", "_steps")
+
+    def __init__(self, served: ServedModel, executor: ThreadPoolExecutor,
+                 steps: StepRouter) -> None:
+        self._served, self._executor, self._steps = served, executor, steps
+
+    async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
+        """The engine's model, loaded off the loop (in its own process with isolation:
+        process), warmed up with one request, and batched on the shared engine pool."""
+        if spec.config.isolation == "process":
+            engine = IsolatedBackend(engine)
+        model = await asyncio.to_thread(engine.load, spec)
+        try:
+            await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
+        except Exception as exc:
+            model.unload()
+            raise ConfigError(f"warm-up inference failed: {exc}") from exc
+        return Served(model, Batcher(
+            model, self._served.stats, instances=spec.config.instances,
+            max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
+            max_queue_size=spec.config.batching.max_queue_size,
+            executor=self._executor,
+        ))
+
+    async def run_step(self, model: str, version: str | None, request: InferRequest,
+                       deadline_ns: int | None) -> InferResponse:
+        return await self._steps.run(model, version, request, deadline_ns)
+
+    def record_step(self, step: str, duration_ns: int) -> None:
+        self._served.stats.record_step(step, duration_ns)
