@@ -10,6 +10,7 @@ import typer
 
 from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.duration import seconds
+from serval.config import MIB
 from serval.errors import ConfigError
 
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
@@ -35,6 +36,16 @@ def deploy_command(
     poll_interval_s: float = typer.Option(
         2.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Repository polling (publish/rollback)."),
+    auth_tokens: str = typer.Option(
+        None, "--auth-tokens", help="Tokens file every node sees: require bearer tokens."),
+    max_inflight: int = typer.Option(None, "--max-inflight",
+                                     help="Per replica, as serve's --max-inflight."),
+    default_timeout_ms: float = typer.Option(None, "--default-timeout-ms",
+                                             help="As serve's --default-timeout-ms."),
+    metrics_top_k: int = typer.Option(None, "--metrics-top-k",
+                                      help="As serve's --metrics-top-k."),
+    max_request_mb: float = typer.Option(None, "--max-request-mb",
+                                         help="As serve's --max-request-mb."),
     host: str = typer.Option("0.0.0.0", help="Address Ray's HTTP proxies listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="Ray Serve's HTTP port."),
     name: str = NAME,
@@ -46,7 +57,11 @@ def deploy_command(
         "repository": repository, "memory_budget": memory_budget, "num_replicas": replicas,
         "min_replicas": min_replicas, "max_replicas": max_replicas,
         "target_ongoing_requests": target_ongoing_requests, "replica_cpus": replica_cpus,
-        "poll_interval_s": poll_interval_s,
+        "poll_interval_s": poll_interval_s, "auth_tokens": auth_tokens,
+        "max_inflight": max_inflight, "default_timeout_ms": default_timeout_ms,
+        "metrics_top_k": metrics_top_k,
+        "limits": None if max_request_mb is None else {
+            "max_request_bytes": int(max_request_mb * MIB)},
     }
     try:
         config = ClusterConfig.parse({k: v for k, v in args.items() if v is not None})

@@ -1,4 +1,7 @@
-"""ClusterConfig: the Ray Serve application's arguments (serve config `args`, CLI flags)."""
+"""ClusterConfig: the Ray Serve application's arguments (serve config `args`, CLI flags).
+
+Each replica runs the standalone server's stack with the same settings `serval serve` takes
+(auth, limits, metrics, timeouts), their defaults read from ServerConfig."""
 
 from __future__ import annotations
 
@@ -7,8 +10,13 @@ from typing import Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
-from serval.config import ServerConfig
+from serval.config import ServerConfig, TransportLimits
 from serval.errors import ConfigError
+
+
+def _serve_default(name: str) -> Any:
+    """The default `serval serve` gives a setting (ServerConfig's field)."""
+    return ServerConfig.model_fields[name].default
 
 
 class ClusterConfig(BaseModel):
@@ -28,12 +36,19 @@ class ClusterConfig(BaseModel):
     ingress: bool = Field(True, description="false: Ray's proxy calls replicas directly "
                           "(placement only for clients sending serve_multiplexed_model_id)")
     ingress_replicas: int = Field(1, ge=1)
-    max_concurrent_loads: int = Field(2, ge=1, le=64)
-    max_inflight: int = Field(4096, ge=1)
-    default_timeout_ms: float = Field(0.0, ge=0.0)
+    max_concurrent_loads: int = Field(_serve_default("max_concurrent_loads"), ge=1, le=64)
+    max_inflight: int = Field(_serve_default("max_inflight"), ge=1)
+    default_timeout_ms: float = Field(_serve_default("default_timeout_ms"), ge=0.0)
     poll_interval_s: float = Field(2.0, ge=0.0, description="repository polling; 0: never")
     retries: int = Field(2, ge=0, le=10, description="ingress retries when a replica dies")
-    allow_python_models: bool = False
+    allow_python_models: bool = _serve_default("allow_python_models")
+    auth_tokens: str | None = Field(None, description="tokens file every node sees: bearer "
+                                    "auth when set (serval token create)")
+    metrics_top_k: int = Field(_serve_default("metrics_top_k"), ge=1)
+    max_tensor_elements: int = Field(_serve_default("max_tensor_elements"), ge=1)
+    repository_api: bool | None = _serve_default("repository_api")
+    limits: TransportLimits = Field(default_factory=TransportLimits, description="as serve's; "
+                                    "through Ray's proxy max_request_bytes applies")
     cache_dir: str = Field("", description="local mirror of a remote repository; '' = a temp dir")
     log_level: str = "warning"
 
@@ -58,12 +73,15 @@ class ClusterConfig(BaseModel):
         return "://" in self.repository and not self.repository.startswith("file://")
 
     def server_config(self, local_repository: Path) -> ServerConfig:
-        """The standalone settings one replica's data plane runs with."""
+        """The standalone settings one replica's stack runs with (models load on demand)."""
         return ServerConfig(
             repository=local_repository, model_control="lazy", memory_budget=self.memory_budget,
             max_concurrent_loads=self.max_concurrent_loads,
             allow_python_models=self.allow_python_models, max_inflight=self.max_inflight,
             default_timeout_ms=self.default_timeout_ms, poll_interval_s=self.poll_interval_s,
+            auth_tokens=Path(self.auth_tokens) if self.auth_tokens else None,
+            metrics_top_k=self.metrics_top_k, max_tensor_elements=self.max_tensor_elements,
+            repository_api=self.repository_api, limits=self.limits,
         )
 
     def autoscaling(self) -> dict[str, Any] | None:

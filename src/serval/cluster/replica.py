@@ -1,65 +1,44 @@
-"""One Serval data plane inside a Ray Serve replica: registry, batchers, backends, v2 routes."""
+"""One Serval inside a Ray Serve replica: the standalone server's stack (server/build.py: registry,
+data plane, metrics, auth, limits, status sampler, v2 routes) without its listeners."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from serval.cluster.config import ClusterConfig
 from serval.cluster.mirror import RepositoryMirror
-from serval.dataplane import DataPlane
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
-from serval.repository.watcher import watch_repository
-from serval.server.http.app import HttpApp, RawHeaders, Reply
-from serval.server.runner import build_metrics, build_model_registry
+from serval.server.build import ServingStack, build_stack, close_stack
+from serval.server.http.app import RawHeaders, Reply
 
 log = logging.getLogger(__name__)
 
 REPLICA_HEADER = b"serval-replica"
 
 
-@dataclass
-class ReplicaStack:
-    """What a started replica serves with."""
-
-    registry: ModelRegistry
-    app: HttpApp
-    tasks: list[asyncio.Task[None]]
+ReplicaStack = ServingStack  # what a started replica serves with
 
 
 async def start_stack(config: ClusterConfig) -> ReplicaStack:
-    """Mirror the repository if remote, start the registry lazily, poll for publishes."""
+    """Mirror the repository if remote, build the standalone server's stack on it (models
+    load lazily), keep the mirror in sync; the stack is ready when returned."""
     root, mirror = _local_root(config)
     if mirror is not None:
         await asyncio.to_thread(mirror.sync)
-    server_config = config.server_config(root)
-    cores = max(1, int(config.replica_cpus))
-    registry = build_model_registry(server_config, cores)
-    await registry.start()
-    tasks: list[asyncio.Task[None]] = []
-    if config.poll_interval_s > 0:
-        if mirror is not None:
-            tasks.append(asyncio.create_task(_keep_mirrored(mirror, config.poll_interval_s)))
-        tasks.append(asyncio.create_task(watch_repository(registry, config.poll_interval_s)))
-    dataplane = DataPlane(registry, max_inflight=config.max_inflight,
-                          default_timeout_ms=config.default_timeout_ms,
-                          repository_api=server_config.repository_api_enabled,
-                          max_tensor_elements=server_config.max_tensor_elements)
-    dataplane.set_ready(True)
-    return ReplicaStack(registry, HttpApp(dataplane, build_metrics(registry, 100)), tasks)
+    stack = await build_stack(config.server_config(root), cores=max(1, int(config.replica_cpus)))
+    if mirror is not None and config.poll_interval_s > 0:
+        stack.tasks.append(asyncio.create_task(_keep_mirrored(mirror, config.poll_interval_s)))
+    stack.dataplane.set_ready(True)
+    return stack
 
 
 async def stop_stack(stack: ReplicaStack) -> None:
     """Finish in-flight requests, then unload every model."""
-    for task in stack.tasks:
-        task.cancel()
-    stack.app.dataplane.set_ready(False)
-    await stack.registry.drain()
-    await stack.registry.close()
+    await close_stack(stack)
 
 
 def resident_models(registry: ModelRegistry) -> set[str]:

@@ -1,0 +1,180 @@
+"""The one server builder: from a ServerConfig to the serving stack (registry, data plane,
+metrics, status sampler, auth, limits, the v2 routes) and, for `serve`, its HTTP and gRPC
+listeners. `serve`, `--workers` and the cluster node all build through here."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from serval.auth import TokenStore
+from serval.backends.base import BackendOptions
+from serval.config import ServerConfig
+from serval.dataplane import DataPlane
+from serval.observability.metrics import (
+    ModelMetricsCollector,
+    RegistryGauges,
+    RegistryMetricsCollector,
+    build_registry,
+)
+from serval.repository.backends import BackendTable
+from serval.repository.registry import ModelRegistry
+from serval.repository.watcher import watch_repository
+from serval.server.http.app import HttpApp
+from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.http.ui.status import ServerStatus
+from serval.server.limits import TransportGuards
+from serval.server.listen import bind_socket, serve_on, tls_context
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from serval.server.grpc.server import GrpcServer
+
+GRACEFUL_SHUTDOWN_S = 30
+SAMPLER_TASK = "status-sampler"
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass
+class ServingStack:
+    """Everything that answers requests, without listeners: what a cluster node serves with."""
+
+    config: ServerConfig
+    registry: ModelRegistry
+    dataplane: DataPlane
+    app: HttpApp
+    auth: TokenStore | None
+    guards: TransportGuards
+    status: ServerStatus
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)  # sampler, repository poll
+
+
+async def build_stack(config: ServerConfig, cores: int | None = None) -> ServingStack:
+    """Start the registry (loading what the model control says), its repository poll, the
+    data plane, metrics, auth and the status sampler; the data plane is not ready yet.
+
+    `cores` is this process's share for the engines (default: the process's cores divided
+    among `config.workers`)."""
+    cores = max(1, available_cores() // config.workers if cores is None else cores)
+    registry = build_model_registry(config, cores)
+    await registry.start()
+    tasks: list[asyncio.Task[None]] = []
+    if config.poll_interval_s > 0:
+        tasks.append(asyncio.create_task(watch_repository(registry, config.poll_interval_s)))
+    dataplane = DataPlane(registry, max_inflight=config.max_inflight,
+                          default_timeout_ms=config.default_timeout_ms,
+                          repository_api=config.repository_api_enabled,
+                          max_tensor_elements=config.max_tensor_elements)
+    auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
+    status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
+    tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
+    guards = TransportGuards.build(config.limits)
+    app = HttpApp(dataplane, build_metrics(registry, config.metrics_top_k), auth, status,
+                  guards.limits.max_request_bytes)
+    return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)
+
+
+async def close_stack(stack: ServingStack) -> None:
+    """Not ready; stop the background tasks; finish queued work; release every engine."""
+    stack.dataplane.set_ready(False)
+    for task in stack.tasks:
+        task.cancel()
+    await stack.registry.drain()
+    await stack.registry.close()
+
+
+def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
+    """The registry over the backend table, sized to `cores` (not started)."""
+    return ModelRegistry(
+        config.repository, BackendTable(BackendOptions(cores, config.allow_python_models)),
+        control=config.model_control,
+        memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
+        max_concurrent_loads=config.max_concurrent_loads,
+        engine_threads=max(8, 2 * cores),
+    )
+
+
+def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
+    """The Prometheus registry: per-model series and the registry's gauges."""
+    return build_registry(
+        ModelMetricsCollector(registry.all_models, registry.totals, top_k=top_k),
+        RegistryMetricsCollector(lambda: RegistryGauges(
+            registry.loads, registry.evictions, registry.resident_bytes,
+            registry.memory_budget_bytes, registry.hits, registry.misses,
+            registry.load_seconds)),
+    )
+
+
+@dataclass
+class Server:
+    """A serving stack behind its HTTP listener and, unless grpc_port is 0, its gRPC one."""
+
+    stack: ServingStack
+    http: asyncio.Server
+    connections: ConnectionTracker
+    grpc: GrpcServer | None
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http.sockets[0].getsockname()[1])
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port if self.grpc is not None else None
+
+
+async def start_server(config: ServerConfig, *, reuse_port: bool = False,
+                       freeze_gc: bool = False) -> Server:
+    """Bind the HTTP port first (a port in use fails before any model loads), build the
+    stack, listen on both transports, then report ready. OSError when a port cannot be
+    bound; ConfigError for a bad tokens file or TLS pair.
+
+    `freeze_gc` (a serving process): the loaded models and module state are moved out of
+    the cycle collector's reach before the first request."""
+    sock = bind_socket(config.host, config.http_port, reuse_port)
+    stack = await build_stack(config)
+    guards = stack.guards
+    tracker = ConnectionTracker()
+    http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards),
+                          tls_context(config.tls_cert, config.tls_key),
+                          config.limits.tls_handshake_timeout_s,
+                          guards.gate)
+    grpc = None
+    if config.grpc_port:  # grpc_port 0: the gRPC stack is never imported
+        from serval.server.grpc.server import start_grpc_server
+
+        grpc = await start_grpc_server(
+            stack.dataplane, config.host, config.grpc_port, guards=guards,
+            reuse_port=reuse_port, auth=stack.auth,
+            tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key
+            else None)
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    stack.dataplane.set_ready(True)
+    return Server(stack, http, tracker, grpc)
+
+
+async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> None:
+    """Refuse new work, let in-flight requests finish (up to grace_s), release the models."""
+    server.stack.dataplane.set_ready(False)
+    for task in server.stack.tasks:
+        task.cancel()
+    server.http.close()
+    await asyncio.gather(
+        server.connections.shutdown(grace_s),
+        server.grpc.stop(grace_s) if server.grpc else asyncio.sleep(0),
+    )
+    await close_stack(server.stack)
+

@@ -1,0 +1,51 @@
+"""The backend table: every name config.yaml accepts resolves, lazily, to a backend built once."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+import pytest
+
+from serval.backends.base import BackendOptions
+from serval.config import ModelConfig
+from serval.repository.backends import BACKENDS, BackendTable
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_backend_name_config_yaml_accepts_has_an_entry() -> None:
+    names = typing.get_args(ModelConfig.model_fields["backend"].annotation)
+    assert set(BACKENDS) == set(names)
+
+
+def test_backends_are_built_on_first_use_with_the_servers_options() -> None:
+    table = BackendTable(BackendOptions(cores=3, allow_python_models=True))
+    python = table["python"]
+    assert python.name == "python" and python.allowed  # type: ignore[attr-defined]
+    assert table["python"] is python  # built once
+    onnx = table["onnxruntime"]
+    assert onnx.name == "onnxruntime" and onnx.cores == 3  # type: ignore[attr-defined]
+    assert table["pipeline"].name == "pipeline"
+    assert table.get("tensorflow") is None and len(table) == len(BACKENDS)
+
+
+def test_an_entry_is_imported_only_when_asked_for() -> None:
+    table = BackendTable(BackendOptions(), {"fake": "tests.unit.repository.absent_backend:X"})
+    assert "tests.unit.repository.absent_backend" not in sys.modules
+    with pytest.raises(ModuleNotFoundError):
+        table["fake"]
+
+
+def test_the_registry_imports_no_engine() -> None:
+    """repository/ reaches engines only through the table (src is scanned, not imported)."""
+    from pathlib import Path
+
+    import serval.repository
+
+    engines = ("onnxruntime", "openvino", "torch", "python", "pipeline")
+    for path in Path(serval.repository.__file__).parent.glob("*.py"):
+        source = path.read_text()
+        for engine in engines:
+            assert f"serval.backends.{engine} import" not in source, (path.name, engine)
+            assert f"import serval.backends.{engine}" not in source, (path.name, engine)
