@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -213,6 +213,12 @@ class ServerConfig(_Strict):
         if self.repository_api is not None:
             return self.repository_api
         return self.model_control != "all"
+
+
+def server_default(name: str) -> Any:
+    """The default of one ServerConfig setting: flags, the cluster's config and the classes
+    the server builds read it here, so each default is written once."""
+    return ServerConfig.model_fields[name].default
 
 
 def load_model_config(path: Path, override: dict[str, object] | None = None) -> ModelConfig:

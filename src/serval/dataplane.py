@@ -9,6 +9,7 @@ from typing import Any
 
 from serval import __version__
 from serval.backends.base import ModelMetadata
+from serval.config import server_default
 from serval.errors import (
     InvalidInput,
     ModelNotReady,
@@ -32,9 +33,11 @@ EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_
 class DataPlane:
     """Inference, metadata, readiness and statistics over the registry's models."""
 
-    def __init__(self, registry: ModelRegistry, *, max_inflight: int = 4096,
-                 default_timeout_ms: float = 0.0, repository_api: bool = False,
-                 max_tensor_elements: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, registry: ModelRegistry, *,
+                 max_inflight: int = server_default("max_inflight"),
+                 default_timeout_ms: float = server_default("default_timeout_ms"),
+                 repository_api: bool = False,
+                 max_tensor_elements: int = server_default("max_tensor_elements")) -> None:
         self.registry = registry
         self.max_inflight = max_inflight
         self.repository_api = repository_api  # load/unload allowed (both transports ask here)

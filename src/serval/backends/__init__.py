@@ -1,1 +1,2 @@
-"""Engines that run models: the Backend protocol and one module per engine."""
+"""What serves a model version: the Backend protocol, one module per engine, and pipelines
+(a composite of other models)."""

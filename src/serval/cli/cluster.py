@@ -10,7 +10,8 @@ import typer
 
 from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.duration import seconds
-from serval.config import MIB
+from serval.cluster.config import ClusterConfig
+from serval.config import MIB, TransportLimits
 from serval.errors import ConfigError
 
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
@@ -18,6 +19,11 @@ app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
 ADDRESS = typer.Option(..., "--address", "-a",
                        help="Ray cluster address (HOST:6379, ray://HOST:10001 or 'auto').")
 NAME = typer.Option("serval", "--name", help="Ray Serve application name.")
+
+
+def _default(name: str) -> Any:
+    """ClusterConfig's default for a setting (written once, there)."""
+    return ClusterConfig.model_fields[name].default
 
 
 @app.command("deploy", cls=ServalCommand)
@@ -28,31 +34,33 @@ def deploy_command(
     memory_budget: str = typer.Option(None, "--memory-budget",
                                       help="Per replica, e.g. 4GiB: LRU eviction beyond it."),
     replicas: int = typer.Option(None, "--replicas", help="Fixed replica count (no autoscaling)."),
-    min_replicas: int = typer.Option(1, "--min-replicas"),
-    max_replicas: int = typer.Option(4, "--max-replicas"),
+    min_replicas: int = typer.Option(_default("min_replicas"), "--min-replicas"),
+    max_replicas: int = typer.Option(_default("max_replicas"), "--max-replicas"),
     target_ongoing_requests: float = typer.Option(
-        32.0, "--target-ongoing-requests", help="Autoscaling target per replica."),
-    replica_cpus: float = typer.Option(1.0, "--replica-cpus", help="CPUs per replica."),
+        _default("target_ongoing_requests"), "--target-ongoing-requests",
+        help="Autoscaling target per replica."),
+    replica_cpus: float = typer.Option(_default("replica_cpus"), "--replica-cpus",
+                                       help="CPUs per replica."),
     poll_interval_s: float = typer.Option(
-        2.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
+        _default("poll_interval_s"), "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Repository polling (publish/rollback)."),
     auth_tokens: str = typer.Option(
         None, "--auth-tokens", help="Tokens file every node sees: require bearer tokens."),
-    max_inflight: int = typer.Option(None, "--max-inflight",
+    max_inflight: int = typer.Option(_default("max_inflight"), "--max-inflight",
                                      help="Per replica, as serve's --max-inflight."),
-    default_timeout_ms: float = typer.Option(None, "--default-timeout-ms",
+    default_timeout_ms: float = typer.Option(_default("default_timeout_ms"),
+                                             "--default-timeout-ms",
                                              help="As serve's --default-timeout-ms."),
-    metrics_top_k: int = typer.Option(None, "--metrics-top-k",
+    metrics_top_k: int = typer.Option(_default("metrics_top_k"), "--metrics-top-k",
                                       help="As serve's --metrics-top-k."),
-    max_request_mb: float = typer.Option(None, "--max-request-mb",
+    max_request_mb: float = typer.Option(TransportLimits.max_request_bytes / MIB,
+                                         "--max-request-mb",
                                          help="As serve's --max-request-mb."),
     host: str = typer.Option("0.0.0.0", help="Address Ray's HTTP proxies listen on."),
     http_port: int = typer.Option(8000, "--http-port", help="Ray Serve's HTTP port."),
     name: str = NAME,
 ) -> None:
     """Deploy (or update) the Serval application; returns once every replica is up."""
-    from serval.cluster.config import ClusterConfig
-
     args: dict[str, Any] = {
         "repository": repository, "memory_budget": memory_budget, "num_replicas": replicas,
         "min_replicas": min_replicas, "max_replicas": max_replicas,
@@ -60,8 +68,7 @@ def deploy_command(
         "poll_interval_s": poll_interval_s, "auth_tokens": auth_tokens,
         "max_inflight": max_inflight, "default_timeout_ms": default_timeout_ms,
         "metrics_top_k": metrics_top_k,
-        "limits": None if max_request_mb is None else {
-            "max_request_bytes": int(max_request_mb * MIB)},
+        "limits": {"max_request_bytes": int(max_request_mb * MIB)},
     }
     try:
         config = ClusterConfig.parse({k: v for k, v in args.items() if v is not None})

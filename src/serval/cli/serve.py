@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
-from serval.config import MIB, ServerConfig, TransportLimits
+from serval.config import MIB, ServerConfig, TransportLimits, server_default
 from serval.errors import ConfigError
 
 KIB = 1024
@@ -31,19 +31,23 @@ def _limit(field: str, help_text: str, unit: int = 1) -> Any:
 
 def serve_command(
     repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
-    http_port: int = typer.Option(8000, "--http-port", help="HTTP port (KServe v2 REST)."),
-    grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (KServe v2); 0 disables."),
+    host: str = typer.Option(server_default("host"), help="Address to listen on."),
+    http_port: int = typer.Option(server_default("http_port"), "--http-port",
+                                  help="HTTP port (KServe v2 REST)."),
+    grpc_port: int = typer.Option(server_default("grpc_port"), "--grpc-port",
+                                  help="gRPC port (KServe v2); 0 disables."),
     model_control: str = typer.Option(
-        "all", "--model-control",
+        server_default("model_control"), "--model-control",
         help="all: load every model at start; lazy: on first request; explicit: via the API.",
     ),
     memory_budget: str = typer.Option(
         None, "--memory-budget", help="e.g. 2GiB: evict idle least-recently-used models beyond."
     ),
-    max_concurrent_loads: int = typer.Option(2, "--max-concurrent-loads"),
+    max_concurrent_loads: int = typer.Option(server_default("max_concurrent_loads"),
+                                              "--max-concurrent-loads"),
     allow_python_models: bool = typer.Option(
-        False, "--allow-python-models", help="Serve Python models (model.py runs arbitrary code)."
+        server_default("allow_python_models"), "--allow-python-models",
+        help="Serve Python models (model.py runs arbitrary code).",
     ),
     auth_tokens: Path = typer.Option(
         None, "--auth-tokens", help="Tokens file (serval token create): require bearer tokens."
@@ -51,30 +55,34 @@ def serve_command(
     tls_cert: Path = typer.Option(None, "--tls-cert", help="PEM certificate (HTTPS, gRPC TLS)."),
     tls_key: Path = typer.Option(None, "--tls-key", help="PEM private key for --tls-cert."),
     max_inflight: int = typer.Option(
-        4096, "--max-inflight", help="Requests in the server at once; beyond, 429 at once."
+        server_default("max_inflight"), "--max-inflight",
+        help="Requests in the server at once; beyond, 429 at once.",
     ),
     default_timeout_ms: float = typer.Option(
-        0.0, "--default-timeout-ms", parser=milliseconds, metavar="DURATION",
-        help="Deadline for requests that set none (0: none)."
+        server_default("default_timeout_ms"), "--default-timeout-ms", parser=milliseconds,
+        metavar="DURATION", help="Deadline for requests that set none (0: none).",
     ),
     metrics_top_k: int = typer.Option(
-        100, "--metrics-top-k", help="Per-model metric series for the K busiest; others summed."
+        server_default("metrics_top_k"), "--metrics-top-k",
+        help="Per-model metric series for the K busiest; others summed.",
     ),
     poll_interval_s: float = typer.Option(
-        0.0, "--poll-interval-s", parser=seconds, metavar="DURATION",
+        server_default("poll_interval_s"), "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
     ),
     workers: int = typer.Option(
-        1, help="Serving processes sharing the port (SO_REUSEPORT); each loads every model."
+        server_default("workers"),
+        help="Serving processes sharing the port (SO_REUSEPORT); each loads every model.",
     ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = typer.Option(server_default("log_level"),
+                                  help="debug, info, warning or error."),
     repository_api: bool = typer.Option(
         None, "--repository-api/--no-repository-api",
         help="Allow model load/unload over the API (default: on with --model-control "
         "explicit or lazy, off with all).",
     ),
     max_tensor_elements: int = typer.Option(
-        64 * 1024 * 1024, "--max-tensor-elements",
+        server_default("max_tensor_elements"), "--max-tensor-elements",
         help="Most elements in one input tensor; beyond: 400.",
     ),
     max_connections: int = _limit(

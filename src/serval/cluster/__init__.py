@@ -1,1 +1,1 @@
-"""Scale-out: Serval's data plane in Ray Serve replicas behind one KServe v2 ingress."""
+"""Scale-out: Serval's serving stack in Ray Serve replicas behind one KServe v2 ingress."""

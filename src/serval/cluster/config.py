@@ -10,13 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
-from serval.config import ServerConfig, TransportLimits
+from serval.config import ServerConfig, TransportLimits, server_default
 from serval.errors import ConfigError
-
-
-def _serve_default(name: str) -> Any:
-    """The default `serval serve` gives a setting (ServerConfig's field)."""
-    return ServerConfig.model_fields[name].default
 
 
 class ClusterConfig(BaseModel):
@@ -36,17 +31,17 @@ class ClusterConfig(BaseModel):
     ingress: bool = Field(True, description="false: Ray's proxy calls replicas directly "
                           "(placement only for clients sending serve_multiplexed_model_id)")
     ingress_replicas: int = Field(1, ge=1)
-    max_concurrent_loads: int = Field(_serve_default("max_concurrent_loads"), ge=1, le=64)
-    max_inflight: int = Field(_serve_default("max_inflight"), ge=1)
-    default_timeout_ms: float = Field(_serve_default("default_timeout_ms"), ge=0.0)
+    max_concurrent_loads: int = Field(server_default("max_concurrent_loads"), ge=1, le=64)
+    max_inflight: int = Field(server_default("max_inflight"), ge=1)
+    default_timeout_ms: float = Field(server_default("default_timeout_ms"), ge=0.0)
     poll_interval_s: float = Field(2.0, ge=0.0, description="repository polling; 0: never")
     retries: int = Field(2, ge=0, le=10, description="ingress retries when a replica dies")
-    allow_python_models: bool = _serve_default("allow_python_models")
+    allow_python_models: bool = server_default("allow_python_models")
     auth_tokens: str | None = Field(None, description="tokens file every node sees: bearer "
                                     "auth when set (serval token create)")
-    metrics_top_k: int = Field(_serve_default("metrics_top_k"), ge=1)
-    max_tensor_elements: int = Field(_serve_default("max_tensor_elements"), ge=1)
-    repository_api: bool | None = _serve_default("repository_api")
+    metrics_top_k: int = Field(server_default("metrics_top_k"), ge=1)
+    max_tensor_elements: int = Field(server_default("max_tensor_elements"), ge=1)
+    repository_api: bool | None = server_default("repository_api")
     limits: TransportLimits = Field(default_factory=TransportLimits, description="as serve's; "
                                     "through Ray's proxy max_request_bytes applies")
     cache_dir: str = Field("", description="local mirror of a remote repository; '' = a temp dir")

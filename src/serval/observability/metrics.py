@@ -16,6 +16,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from serval.config import server_default
 from serval.stats import Histogram, ModelStats
 
 LABELS = ["model", "version"]
@@ -97,7 +98,7 @@ class ModelMetricsCollector(Collector):
     """
 
     def __init__(self, models: Callable[[], Sequence[ModelView]], totals: ModelStats,
-                 top_k: int = 100) -> None:
+                 top_k: int = server_default("metrics_top_k")) -> None:
         self._models = models
         self._totals = totals  # every model's counters summed as they are recorded
         self.top_k = top_k

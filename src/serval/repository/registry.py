@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
+from serval.config import server_default
 from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from serval.repository.context import StepPath, StepRouter, VersionContext
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
@@ -30,6 +31,7 @@ from serval.stats import Histogram, ModelStats
 log = logging.getLogger(__name__)
 
 ModelControl = Literal["all", "lazy", "explicit"]
+_DEFAULT_CONTROL: ModelControl = server_default("model_control")
 LOAD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                   30.0, 60.0)
 
@@ -64,9 +66,9 @@ class ModelRegistry:
         root: Path,
         backends: Mapping[str, Backend],
         *,
-        control: ModelControl = "all",
+        control: ModelControl = _DEFAULT_CONTROL,
         memory_budget_bytes: int | None = None,
-        max_concurrent_loads: int = 2,
+        max_concurrent_loads: int = server_default("max_concurrent_loads"),
         engine_threads: int = 8,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:

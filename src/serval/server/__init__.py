@@ -1,1 +1,2 @@
-"""Transports over the data plane (HTTP now) and the process that runs them."""
+"""Transports over the data plane (HTTP and gRPC), the one builder that assembles a server,
+and the process that runs it."""
