@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from serval.cluster.config import ClusterConfig
+from serval.config import ServerConfig, TransportLimits
 from serval.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -39,3 +40,18 @@ def test_replicas_serve_lazily_under_the_budget() -> None:
     server = config.server_config(Path("/srv/models"))
     assert server.model_control == "lazy" and int(server.memory_budget or 0) == 2**30
     assert ClusterConfig.parse({"repository": "s3://bucket/models"}).is_remote()
+
+
+def test_a_replica_takes_serves_settings_and_their_defaults() -> None:
+    default = ClusterConfig.parse({"repository": "/m"}).server_config(Path("/m"))
+    standalone = ServerConfig(repository=Path("/m"))
+    for name in ("max_inflight", "default_timeout_ms", "max_concurrent_loads", "metrics_top_k",
+                 "max_tensor_elements", "auth_tokens", "limits", "allow_python_models"):
+        assert getattr(default, name) == getattr(standalone, name), name
+    chosen = ClusterConfig.parse({
+        "repository": "/m", "auth_tokens": "/secrets/tokens.yaml", "metrics_top_k": 3,
+        "limits": {"max_request_bytes": 1024}, "max_tensor_elements": 10,
+    }).server_config(Path("/m"))
+    assert chosen.auth_tokens == Path("/secrets/tokens.yaml") and chosen.metrics_top_k == 3
+    assert chosen.limits == TransportLimits(max_request_bytes=1024)
+    assert chosen.max_tensor_elements == 10
