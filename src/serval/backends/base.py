@@ -125,8 +125,8 @@ class BackendOptions:
     """What the server tells every backend it builds: its share of the cores, and whether
     model code (the python backend) may run."""
 
-    cores: int = 1
-    allow_python_models: bool = False
+    cores: int
+    allow_python_models: bool
 
 
 DEFAULT_MAX_BATCH_SIZE = 64

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import typing
 
@@ -31,8 +32,24 @@ def test_backends_are_built_on_first_use_with_the_servers_options() -> None:
 
 
 def test_an_entry_is_imported_only_when_asked_for() -> None:
-    table = BackendTable(BackendOptions(), {"fake": "tests.unit.repository.absent_backend:X"})
-    assert "tests.unit.repository.absent_backend" not in sys.modules
+    """A fresh interpreter: using one backend imports no other backend's module."""
+    script = (
+        "import sys\n"
+        "from serval.backends.base import BackendOptions\n"
+        "from serval.repository.backends import BackendTable\n"
+        "table = BackendTable(BackendOptions(1, False))\n"
+        "assert table['python'].name == 'python'\n"
+        "print(sorted(m for m in sys.modules if m.startswith('serval.backends.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.split("\n")[0] == str(
+        ["serval.backends.base", "serval.backends.declared", "serval.backends.python"])
+
+
+def test_an_unknown_module_fails_when_asked_for_not_before() -> None:
+    table = BackendTable(BackendOptions(1, False), {"fake": "serval.backends.absent:Fake"})
+    assert list(table) == ["fake"]
     with pytest.raises(ModuleNotFoundError):
         table["fake"]
 
