@@ -42,15 +42,7 @@ ENGINE_INTERFACE = ("serval.backends", "serval.backends.base")
 
 # Known breaks, each named and explained; the change that fixes one removes it here (an entry
 # that no longer matches a broken rule fails the test).
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("serval.dataplane", "serval.backends.pipeline"):
-        "issue 16 item 2: PipelineModel is a fake backend the data plane special-cases",
-    ("serval.repository.registry", "serval.backends.pipeline"):
-        "issue 16 item 2: the registry special-cases PipelineModel (no warm-up, no batcher)",
-    ("serval.repository.registry", "serval.backends.isolated"):
-        "issue 16 item 2: the registry wraps backends in IsolatedBackend itself instead of "
-        "resolving them through one table",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:

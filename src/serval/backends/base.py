@@ -102,22 +102,13 @@ class Backend(Protocol):
     async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served: ...
 
 
-class Engine(Backend, Protocol):
-    """A backend that loads model files into a LoadedModel, which the registry batches."""
-
-    def load(self, spec: ModelVersionSpec) -> LoadedModel: ...
-
-
-class EngineBackend:
-    """The serve() every engine shares: the registry loads, warms up and batches it."""
+class Engine(Protocol):
+    """Loads model files into a LoadedModel, which the registry batches (backends/engine.py
+    makes an engine a Backend)."""
 
     name: str
 
-    def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        raise NotImplementedError
-
-    async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
-        return await context.batch_engine(self, spec)
+    def load(self, spec: ModelVersionSpec) -> LoadedModel: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from serval.backends.base import Engine, EngineBackend, LoadedModel, ModelMetadata, ModelVersionSpec
+from serval.backends.base import Engine, LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.errors import BackendError, ConfigError, EngineRejectedInput, ModelNotReady
 from serval.protocol.types import TensorDict
 
@@ -30,7 +30,7 @@ STOP_TIMEOUT_S = 5.0
 _STOP = "stop"
 
 
-class IsolatedBackend(EngineBackend):
+class IsolatedBackend:
     """Wraps an engine so that each model version it loads lives in its own process."""
 
     def __init__(self, inner: Engine) -> None:

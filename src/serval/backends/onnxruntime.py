@@ -11,12 +11,12 @@ import numpy as np
 
 from serval.backends.base import (
     BackendOptions,
-    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
     resolve_max_batch_size,
 )
+from serval.backends.engine import EngineBackend
 from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import from_onnx_type

@@ -12,12 +12,12 @@ from typing import Any
 
 from serval.backends.base import (
     BackendOptions,
-    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
     resolve_max_batch_size,
 )
+from serval.backends.engine import EngineBackend
 from serval.backends.onnxruntime import SESSION_OVERHEAD_BYTES, SMALL_MODEL_BYTES
 from serval.errors import ConfigError
 from serval.protocol.dtypes import from_openvino_type

@@ -15,12 +15,12 @@ from typing import Any
 
 from serval.backends.base import (
     BackendOptions,
-    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
 )
 from serval.backends.declared import declared_metadata
+from serval.backends.engine import EngineBackend
 from serval.config import ModelConfig
 from serval.errors import ConfigError
 from serval.protocol.types import TensorDict

@@ -14,12 +14,12 @@ import numpy as np
 
 from serval.backends.base import (
     BackendOptions,
-    EngineBackend,
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
 )
 from serval.backends.declared import declared_metadata
+from serval.backends.engine import EngineBackend
 from serval.errors import ConfigError
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict

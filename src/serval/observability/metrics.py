@@ -16,7 +16,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from serval.config import server_default
 from serval.stats import Histogram, ModelStats
 
 LABELS = ["model", "version"]
@@ -98,7 +97,7 @@ class ModelMetricsCollector(Collector):
     """
 
     def __init__(self, models: Callable[[], Sequence[ModelView]], totals: ModelStats,
-                 top_k: int = server_default("metrics_top_k")) -> None:
+                 top_k: int) -> None:
         self._models = models
         self._totals = totals  # every model's counters summed as they are recorded
         self.top_k = top_k

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import Engine, ModelVersionSpec, Served
-from serval.backends.isolated import IsolatedBackend
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse
@@ -45,10 +44,8 @@ class VersionContext:
         self._served, self._executor, self._steps = served, executor, steps
 
     async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
-        """The engine's model, loaded off the loop (in its own process with isolation:
-        process), warmed up with one request, and batched on the shared engine pool."""
-        if spec.config.isolation == "process":
-            engine = IsolatedBackend(engine)
+        """The engine's model, loaded off the loop, warmed up with one request, and batched on
+        the shared engine pool."""
         model = await asyncio.to_thread(engine.load, spec)
         try:
             await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serval.backends.base import EngineBackend, LoadedModel, ModelVersionSpec
+from serval.backends.base import LoadedModel, ModelVersionSpec
+from serval.backends.engine import EngineBackend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.errors import InvalidInput, ModelNotReady
 from serval.repository.layout import version_bytes
