@@ -2,9 +2,9 @@
 
 `Http2Connection` is what every HTTP/2 server connection does whatever its streams carry: the
 preface and SETTINGS exchange (within h2_preface_timeout_s), frame dispatch, header blocks
-(HEADERS + CONTINUATION, capped while they arrive), PING, PRIORITY, GOAWAY and WINDOW_UPDATE,
-the receive window of the connection, batched output, write backpressure (reading stops while
-the client does not read), the abuse budgets and the idle timeout. Streams are the subclass's
+(assembled and capped by http2/blocks.py), PING, PRIORITY, GOAWAY and WINDOW_UPDATE, the receive
+window of the connection, batched output, write backpressure (reading stops while the client
+does not read), the abuse budgets, the idle timeout and the send timeout. Streams are the subclass's
 (connection.py): it handles DATA, complete header blocks and RST_STREAM.
 
 Handlers are looked up in a per-class table of plain functions (not bound methods, which would
@@ -21,6 +21,7 @@ from typing import ClassVar, cast
 
 from serval.http2 import frames as h2
 from serval.http2.abuse import AbuseBudget
+from serval.http2.blocks import HeaderBlocks
 from serval.http2.flow import InboundWindow, grow_send_window
 from serval.http2.hpack import HpackDecoder
 from serval.server.limits import TransportGuards
@@ -55,12 +56,12 @@ class Http2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.last_stream_id = 0
         self.decoder = HpackDecoder(max_list_bytes=limits.h2_max_header_list_bytes)
-        self.max_block_bytes = 2 * limits.h2_max_header_list_bytes
         self.max_frame_bytes = max(h2.DEFAULT_MAX_FRAME_BYTES,
                                    min(_MAX_RECEIVED_FRAME_BYTES, limits.h2_stream_window_bytes))
         self.reader = h2.FrameReader(self.max_frame_bytes)
         self.window = InboundWindow(limits.h2_connection_window_bytes)
         self.abuse = AbuseBudget(limits.h2_max_control_frames, limits.h2_max_resets)
+        self.blocks = HeaderBlocks(2 * limits.h2_max_header_list_bytes, self.abuse)
         self.peer_window_bytes = h2.DEFAULT_WINDOW_BYTES  # the peer's initial stream window
         self.peer_max_frame_bytes = h2.DEFAULT_MAX_FRAME_BYTES
         self.send_window = h2.DEFAULT_WINDOW_BYTES
@@ -70,7 +71,6 @@ class Http2Connection(asyncio.Protocol):
         self.sent_at = 0.0  # the last progress of output that waits on the client
         self._preface: bytes | None = b""
         self._settled = False  # the client's first SETTINGS arrived
-        self._continuation: tuple[int, int, bytearray] | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -147,8 +147,10 @@ class Http2Connection(asyncio.Protocol):
         handlers = self.handlers
         try:
             for kind, flags, stream_id, payload in self.reader.feed(data):
-                if self._continuation is not None:
-                    self._on_continuation(kind, flags, stream_id, payload)
+                if self.blocks.open:
+                    block = self.blocks.continuation(kind, flags, stream_id, payload)
+                    if block is not None:
+                        self._on_header_block(*block)
                     continue
                 if not self._settled:
                     if kind != h2.SETTINGS or flags & h2.ACK:
@@ -250,35 +252,9 @@ class Http2Connection(asyncio.Protocol):
         return seen[len(h2.PREFACE):]
 
     def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if stream_id == 0:
-            raise h2.ProtocolError("HEADERS on stream 0")
-        block = h2.strip_padding(flags, payload, priority_bytes=5)
-        if not block:
-            self.abuse.control_frame("empty HEADERS")
-        self._check_block(len(block))
-        if flags & h2.END_HEADERS:
-            self._on_header_block(flags, stream_id, block)
-        else:
-            self._continuation = (stream_id, flags, bytearray(block))
-
-    def _on_continuation(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        assert self._continuation is not None
-        first_stream, first_flags, block = self._continuation
-        if kind != h2.CONTINUATION or stream_id != first_stream:
-            raise h2.ProtocolError("expected CONTINUATION of the open header block")
-        if not payload:
-            self.abuse.control_frame("empty CONTINUATION")
-        block += payload
-        self._check_block(len(block))
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._on_header_block(first_flags, stream_id, bytes(block))
-
-    def _check_block(self, size: int) -> None:
-        """Header blocks are capped as they arrive (the CONTINUATION flood, CVE-2024-27316)."""
-        if size > self.max_block_bytes:
-            raise h2.ProtocolError(f"header block over {self.max_block_bytes} bytes",
-                                   h2.ENHANCE_YOUR_CALM)
+        block = self.blocks.headers(flags, stream_id, payload)
+        if block is not None:
+            self._on_header_block(*block)
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id:
