@@ -118,6 +118,9 @@ def test_grpc_a_deadline_that_cannot_be_met_is_refused_at_once_one_that_can_is_s
     blocker.join(timeout=60)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, caught.value.details()
     assert "cannot answer before the request's deadline" in (caught.value.details() or "")
+    # when to retry, as gRFC A6 says (grpc-core's retry policy waits for it): HTTP's Retry-After
+    pushback = dict(caught.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+    assert 1 <= int(pushback) <= 60_000
     assert still_running and refused_after_s < 0.5
     assert served.outputs and served.outputs[0].shape == [1, 1024]
 

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from serval.observability.logging import report_internal_error
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.status import GrpcStatus
+from serval.server.grpc.errors import Trailers
 from serval.server.grpc.stream import ServerCall
 
 log = logging.getLogger(__name__)
@@ -29,11 +30,11 @@ _TIMEOUT_UNITS_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000
 
 
 class AbortCall(Exception):
-    """Raised by CallContext.abort: the call ends with this status."""
+    """Raised by CallContext.abort: the call ends with this status (and trailers)."""
 
-    def __init__(self, code: GrpcStatus, details: str) -> None:
+    def __init__(self, code: GrpcStatus, details: str, trailers: Trailers = ()) -> None:
         super().__init__(details)
-        self.status, self.details = code, details
+        self.status, self.details, self.trailers = code, details, trailers
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ class CallContext:
         self.call = call
         self.deadline_ns = _deadline_ns(call)
 
-    async def abort(self, code: GrpcStatus, details: str = "") -> NoReturn:
-        raise AbortCall(code, details)
+    async def abort(self, code: GrpcStatus, details: str = "",
+                    trailing_metadata: Trailers = ()) -> NoReturn:
+        raise AbortCall(code, details, trailing_metadata)
 
     def time_remaining(self) -> float | None:
         if self.deadline_ns is None:
@@ -98,7 +100,7 @@ class ServiceRunner:
                 call.send_message(reply.SerializeToString())
             call.finish(GrpcStatus.OK)
         except AbortCall as exc:
-            call.finish(exc.status, exc.details)
+            call.finish(exc.status, exc.details, exc.trailers)
         except asyncio.CancelledError:
             call.finish(GrpcStatus.CANCELLED, "cancelled")
             raise

@@ -166,10 +166,10 @@ class InferenceServicer:
             response = await self._infer(request, None)
             answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
         except ServalError as exc:
-            _, message = grpc_error(exc, "ModelStreamInfer")
+            _, message, _ = grpc_error(exc, "ModelStreamInfer")
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
         except Exception as exc:
-            _, message = unexpected_grpc_error(exc, "ModelStreamInfer")
+            _, message, _ = unexpected_grpc_error(exc, "ModelStreamInfer")
             answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
 
 

@@ -224,14 +224,17 @@ class ServerCall:
         if self._drainer is not None and not self._drainer.done():
             self._drainer.set_result(None)
 
-    def finish(self, status: GrpcStatus, message: str = "") -> None:
-        """End the call with a status (trailers; trailers-only when nothing was sent)."""
+    def finish(self, status: GrpcStatus, message: str = "",
+               extra: tuple[tuple[str, str], ...] = ()) -> None:
+        """End the call with a status (trailers, `extra` among them; trailers-only when nothing
+        was sent)."""
         if self.finished:
             return
         self.finished = True
         trailers = [("grpc-status", str(int(status)))]
         if message:
             trailers.append(("grpc-message", percent_encode(message)))
+        trailers.extend(extra)
         block = encode_headers(trailers)
         if not self._headers_sent:
             block = _RESPONSE_HEADERS + block
