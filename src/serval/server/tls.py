@@ -1,4 +1,4 @@
-"""TLS connections counted by the connection gate from their first byte, not their handshake's end.
+"""TLS connections counted by the connection gate from their accept, not their handshake's end.
 
 asyncio's `create_server(ssl=...)` calls a protocol's `connection_made` only once the handshake
 completes, so connections still handshaking would be invisible to the `ConnectionGate`: 20,000
