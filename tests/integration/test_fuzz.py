@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -27,11 +28,15 @@ CASES_PER_OPERATION = 15  # per operation and mode (valid, invalid); small ones 
 @pytest.fixture(scope="module")
 def fuzz_server(server_factory: Callable[..., RunningServer],
                 tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
-    root = tmp_path_factory.mktemp("fuzz")
+    return server_factory(fuzz_repository(tmp_path_factory.mktemp("fuzz")))
+
+
+def fuzz_repository(root: Path) -> Path:
+    """The MODELS the fuzzers aim at, built in root."""
     fixture_models.linear(root)
     fixture_models.add_sub(root)
     fixture_models.embedding(root)
-    return server_factory(root)
+    return root
 
 
 def valid_requests() -> list[FuzzRequest]:

@@ -8,11 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from tests import fixture_models
 from tests.conftest import RunningServer
 from tests.grpc_fuzz import run_grpc_fuzz
 from tests.h2_fuzz import run_h2_fuzz
-from tests.integration.test_fuzz import INPUT_NAMES, MODELS, valid_requests
+from tests.integration.test_fuzz import INPUT_NAMES, MODELS, fuzz_repository, valid_requests
 from tests.rest_fuzz import run_fuzz
 
 pytestmark = pytest.mark.integration
@@ -22,11 +21,7 @@ REST_CASES, GRPC_CASES, H2_CASES = 800, 2_000, 800
 @pytest.fixture(scope="module")
 def fuzzed(server_factory: Callable[..., RunningServer],
            tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
-    root = tmp_path_factory.mktemp("errors-fuzz")
-    fixture_models.linear(root)
-    fixture_models.add_sub(root)
-    fixture_models.embedding(root)
-    return server_factory(root)
+    return server_factory(fuzz_repository(tmp_path_factory.mktemp("errors-fuzz")))
 
 
 def test_rest_fuzzing_gets_no_5xx(fuzzed: RunningServer) -> None:

@@ -25,7 +25,7 @@ class _App:
     """The two calls HttpProtocol makes of HttpApp."""
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "") -> Reply:
+                     query: str = "", authorized: bool = False) -> Reply:
         await asyncio.sleep(0)
         return 200, b"{}", [(b"content-type", b"application/json")]
 

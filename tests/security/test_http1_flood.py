@@ -73,7 +73,7 @@ class _HeldApp:
         self.release = asyncio.Event()
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "") -> Reply:
+                     query: str = "", authorized: bool = False) -> Reply:
         await self.release.wait()
         return 200, path.encode(), []
 

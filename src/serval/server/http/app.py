@@ -49,10 +49,11 @@ class HttpApp:
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "") -> Reply:
-        """One complete request in, (status, body, headers) out; never raises."""
+                     query: str = "", authorized: bool = False) -> Reply:
+        """One complete request in, (status, body, headers) out; never raises. `authorized`:
+        `precheck` already passed these headers (the token is not checked twice)."""
         try:
-            return await self._route(method, path, headers, body, query)
+            return await self._route(method, path, headers, body, query, authorized)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
         except Exception as exc:
@@ -72,9 +73,10 @@ class HttpApp:
         return None
 
     async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "") -> Reply:
+                     query: str, authorized: bool) -> Reply:
         parts = path.strip("/").split("/")
-        self._authorize(headers, parts, method)
+        if not authorized:
+            self._authorize(headers, parts, method)
         if parts[0] == "v2":
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
                 return await self._model_route(method, parts[2:], headers, body)

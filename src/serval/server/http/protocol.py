@@ -249,7 +249,7 @@ class HttpProtocol(RequestReader):
                                     [*JSON_HEADERS, (b"retry-after", self.retry_after)])
                 else:
                     reply = await self.app.handle(item.method, item.path, item.headers,
-                                                  item.body, item.query)
+                                                  item.body, item.query, item.authorized)
                 if reply[0] == 429:
                     self._note_refusal(reply[2])
                 if self.transport is None:

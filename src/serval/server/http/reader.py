@@ -34,6 +34,7 @@ class Request:
     keep_alive: bool
     query: str = ""
     reserved: int = 0  # bytes of the receive budget held until the answer is written
+    authorized: bool = False  # the app's precheck passed before the body was read
 
 
 class _Refused(Exception):
@@ -67,6 +68,7 @@ class RequestReader(asyncio.Protocol):
         self.body_bytes = self.header_bytes = self.reserved = 0
         self.content_length = -1  # -1: none given
         self.chunked = self.expect_continue = self.continue_owed = False
+        self.authorized = False
         self.method, self.path, self.query = "", "", ""
 
     # what the connection provides ------------------------------------------------------------
@@ -180,7 +182,8 @@ class RequestReader(asyncio.Protocol):
         self.progress, self.in_body, self.started = True, False, False
         self.continue_owed = False
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
-                          self.parser.should_keep_alive(), self.query, self.reserved)
+                          self.parser.should_keep_alive(), self.query, self.reserved,
+                          self.authorized)
         self.reserved = 0  # the request holds it now
         self.body = []
         self._enqueue(request)
@@ -219,6 +222,7 @@ class RequestReader(asyncio.Protocol):
         if denied is not None:
             self._refuse(Refusal(denied))
             raise _Refused
+        self.authorized = True  # the app need not check the token again
         self._check_body_size(self.content_length)
         if self.content_length > 0 and not self.guards.budget.fits(self.content_length):
             self._refuse(self._over_budget(self.content_length))
