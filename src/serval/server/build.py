@@ -25,6 +25,7 @@ from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.http.wire import ServerHeaders
 from serval.server.http.ui.status import ServerStatus
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from serval.server.grpc.server import GrpcServer
 
 GRACEFUL_SHUTDOWN_S = 30
+NODE_HEADER = "serval-node"  # on every answer: which node behind the load balancer answered
 SAMPLER_TASK = "status-sampler"
 
 
@@ -94,6 +96,14 @@ async def close_stack(stack: ServingStack) -> None:
     await stack.registry.close()
 
 
+def own_headers(config: ServerConfig) -> tuple[tuple[str, str], ...]:
+    """The headers every answer of this server carries: serval-node, unless turned off.
+    ConfigError when no node name is given and the host's name is not a valid one."""
+    if not config.node_header:
+        return ()
+    return ((NODE_HEADER, config.resolved_node_name()),)
+
+
 def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
     """The registry over the backend table, sized to `cores` (not started)."""
     return ModelRegistry(
@@ -142,11 +152,13 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
 
     `freeze_gc` (a serving process): the loaded models and module state are moved out of
     the cycle collector's reach before the first request."""
+    headers = own_headers(config)
     sock = bind_socket(config.host, config.http_port, reuse_port)
     stack = await build_stack(config)
     guards = stack.guards
     tracker = ConnectionTracker()
-    http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards),
+    http_headers = ServerHeaders([(name.encode(), value.encode()) for name, value in headers])
+    http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards, http_headers),
                           tls_context(config.tls_cert, config.tls_key),
                           config.limits.tls_handshake_timeout_s,
                           guards.gate)
@@ -158,7 +170,7 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
             stack.dataplane, config.host, config.grpc_port, guards=guards,
             reuse_port=reuse_port, auth=stack.auth,
             tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key
-            else None)
+            else None, own_headers=headers)
     if freeze_gc:
         gc.collect()
         gc.freeze()
