@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +23,7 @@ from serval.errors import ConfigError
 from serval.protocol.dtypes import DatatypeName
 
 MODEL_CONFIG_FILE = "config.yaml"
+_NODE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
@@ -206,6 +209,36 @@ class ServerConfig(_Strict):
     max_tensor_elements: int = Field(
         64 * 1024 * 1024, ge=1, description="elements in one input tensor beyond: 400"
     )
+    # behind a load balancer (HAProxy)
+    node_name: str | None = Field(
+        None, description="the serval-node answer header's value; None: this host's name")
+    node_header: bool = Field(True, description="every answer names its node (serval-node)")
+    agent_port: int = Field(0, ge=0, le=65535, description="HAProxy agent check; 0: off")
+    drain_delay_s: float = Field(
+        0.0, ge=0.0, description="on SIGTERM: not ready, still serving, this long; then drain")
+
+    @field_validator("node_name")
+    @classmethod
+    def _valid_node_name(cls, name: str | None) -> str | None:
+        return None if name is None else check_node_name(name)
+
+    @model_validator(mode="after")
+    def _agent_port_apart(self) -> ServerConfig:
+        if self.agent_port and self.agent_port in (self.http_port, self.grpc_port):
+            raise ValueError(f"--agent-port {self.agent_port} is also the HTTP or gRPC port")
+        return self
+
+    def resolved_node_name(self) -> str:
+        """node_name, else this host's name; ConfigError when the host's name is not a valid
+        node name (then --node-name must give one)."""
+        if self.node_name is not None:
+            return self.node_name
+        host = socket.gethostname()
+        try:
+            return check_node_name(host)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (it is this host's name): give one with --node-name"
+                              ) from None
 
     @property
     def repository_api_enabled(self) -> bool:
@@ -213,6 +246,14 @@ class ServerConfig(_Strict):
         if self.repository_api is not None:
             return self.repository_api
         return self.model_control != "all"
+
+
+def check_node_name(name: str) -> str:
+    """A node name as HAProxy and the serval-node header take it; ValueError otherwise."""
+    if not _NODE_NAME.fullmatch(name):
+        raise ValueError(f"node name {name[:80]!r} must be 1 to 64 characters of "
+                         "A-Z a-z 0-9 . _ : -")
+    return name
 
 
 def server_default(name: str) -> Any:

@@ -56,6 +56,11 @@ class DataPlane:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def inflight(self) -> int:
+        """Requests admitted and not yet answered (--max-inflight bounds them)."""
+        return self._inflight
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
 

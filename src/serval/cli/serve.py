@@ -14,6 +14,7 @@ from serval.config import MIB, ServerConfig, TransportLimits, server_default
 from serval.errors import ConfigError
 
 KIB = 1024
+_BALANCER = "Behind a load balancer"
 _DEFAULT_LIMITS = TransportLimits()
 
 
@@ -85,6 +86,22 @@ def serve_command(
         server_default("max_tensor_elements"), "--max-tensor-elements",
         help="Most elements in one input tensor; beyond: 400.",
     ),
+    node_name: str = typer.Option(
+        None, "--node-name", metavar="NAME", rich_help_panel=_BALANCER,
+        help="This node's name in the serval-node header of every answer (1-64 of "
+        "A-Z a-z 0-9 . _ : -; default: the host name)."),
+    node_header: bool = typer.Option(
+        server_default("node_header"), "--node-header/--no-node-header",
+        rich_help_panel=_BALANCER, help="Name the node on every answer (serval-node)."),
+    agent_port: int = typer.Option(
+        server_default("agent_port"), "--agent-port", rich_help_panel=_BALANCER,
+        help="HAProxy agent-check port: up, down, drain, and a weight from free capacity "
+        "when asked 'weight' (0: off)."),
+    drain_delay_s: float = typer.Option(
+        server_default("drain_delay_s"), "--drain-delay-s", parser=seconds, metavar="DURATION",
+        rich_help_panel=_BALANCER,
+        help="On SIGTERM, report not ready (503, agent drain) and keep serving this long "
+        "before the listeners close."),
     max_connections: int = _limit(
         "max_connections", "Open connections, HTTP and gRPC together; at the limit a new one "
         "replaces the oldest idle one (0: from the file-descriptor limit, at most 10,000)."),
@@ -170,6 +187,8 @@ def serve_command(
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
             log_level=log_level, repository_api=repository_api,
             max_tensor_elements=max_tensor_elements, limits=limits,
+            node_name=node_name, node_header=node_header, agent_port=agent_port,
+            drain_delay_s=drain_delay_s,
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None

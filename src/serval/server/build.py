@@ -5,6 +5,7 @@ listeners. `serve`, `--workers` and the cluster node all build through here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from dataclasses import dataclass, field
@@ -23,8 +24,10 @@ from serval.observability.metrics import (
 from serval.repository.backends import BackendTable
 from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
+from serval.server.agent import AgentServer, NodeState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
+from serval.server.http.wire import ServerHeaders
 from serval.server.http.ui.status import ServerStatus
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from serval.server.grpc.server import GrpcServer
 
 GRACEFUL_SHUTDOWN_S = 30
+NODE_HEADER = "serval-node"  # on every answer: which node behind the load balancer answered
 SAMPLER_TASK = "status-sampler"
 
 
@@ -94,6 +98,14 @@ async def close_stack(stack: ServingStack) -> None:
     await stack.registry.close()
 
 
+def own_headers(config: ServerConfig) -> tuple[tuple[str, str], ...]:
+    """The headers every answer of this server carries: serval-node, unless turned off.
+    ConfigError when no node name is given and the host's name is not a valid one."""
+    if not config.node_header:
+        return ()
+    return ((NODE_HEADER, config.resolved_node_name()),)
+
+
 def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
     """The registry over the backend table, sized to `cores` (not started)."""
     return ModelRegistry(
@@ -118,12 +130,20 @@ def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
 
 @dataclass
 class Server:
-    """A serving stack behind its HTTP listener and, unless grpc_port is 0, its gRPC one."""
+    """A serving stack behind its HTTP listener and, unless grpc_port is 0, its gRPC one; with
+    an agent_port, HAProxy's agent check beside them (server/agent.py)."""
 
     stack: ServingStack
     http: asyncio.Server
     connections: ConnectionTracker
     grpc: GrpcServer | None
+    node: NodeState
+    agent: AgentServer | None = None
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)  # set: cut the drain delay short
+
+    @property
+    def agent_port(self) -> int | None:
+        return self.agent.port if self.agent is not None else None
 
     @property
     def http_port(self) -> int:
@@ -142,11 +162,20 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
 
     `freeze_gc` (a serving process): the loaded models and module state are moved out of
     the cycle collector's reach before the first request."""
+    headers = own_headers(config)
     sock = bind_socket(config.host, config.http_port, reuse_port)
+    agent_sock = None
+    if config.agent_port:
+        try:
+            agent_sock = bind_socket(config.host, config.agent_port, reuse_port)
+        except OSError:
+            sock.close()
+            raise
     stack = await build_stack(config)
     guards = stack.guards
     tracker = ConnectionTracker()
-    http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards),
+    http_headers = ServerHeaders([(name.encode(), value.encode()) for name, value in headers])
+    http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards, http_headers),
                           tls_context(config.tls_cert, config.tls_key),
                           config.limits.tls_handshake_timeout_s,
                           guards.gate)
@@ -158,20 +187,34 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
             stack.dataplane, config.host, config.grpc_port, guards=guards,
             reuse_port=reuse_port, auth=stack.auth,
             tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key
-            else None)
+            else None, own_headers=headers)
+    node = NodeState(stack.dataplane)
+    agent = None
+    if agent_sock is not None:
+        agent = AgentServer(node.reply)
+        await agent.start(agent_sock)
     if freeze_gc:
         gc.collect()
         gc.freeze()
     stack.dataplane.set_ready(True)
-    return Server(stack, http, tracker, grpc)
+    return Server(stack, http, tracker, grpc, node, agent)
 
 
 async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> None:
-    """Refuse new work, let in-flight requests finish (up to grace_s), release the models."""
+    """Turn not ready (health 503, agent `drain`) and go on serving for the drain delay, so
+    the proxy steers new work away (`hurry` cuts it short); then close the listeners, let
+    in-flight requests finish (up to grace_s) and release the models."""
+    server.node.draining = True
     server.stack.dataplane.set_ready(False)
+    delay_s = server.stack.config.drain_delay_s
+    if delay_s > 0 and not server.hurry.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.hurry.wait(), delay_s)
     for task in server.stack.tasks:
         task.cancel()
     server.http.close()
+    if server.agent is not None:
+        server.agent.close()  # it answered `drain` until now
     await asyncio.gather(
         server.connections.shutdown(grace_s),
         server.grpc.stop(grace_s) if server.grpc else asyncio.sleep(0),

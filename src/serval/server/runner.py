@@ -46,9 +46,14 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log.info("serving", extra={"host": config.host, "http_port": server.http_port,
-                                "grpc_port": server.grpc_port,
+                                "grpc_port": server.grpc_port, "agent_port": server.agent_port,
                                 "models": len(server.stack.registry.all_models()),
                                 "pid": os.getpid()})
     await stop.wait()
+    # Ctrl-C again: no more drain delay (a repeated SIGTERM, as the supervisor sends, is not)
+    loop.add_signal_handler(signal.SIGINT, server.hurry.set)
+    if config.drain_delay_s > 0:
+        log.info("draining: not ready, serving on for the drain delay",
+                 extra={"drain_delay_s": config.drain_delay_s, "pid": os.getpid()})
     log.info("shutting down: finishing in-flight requests", extra={"pid": os.getpid()})
     await stop_server(server, GRACEFUL_SHUTDOWN_S)

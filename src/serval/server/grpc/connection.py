@@ -23,7 +23,7 @@ from serval.http2.flow import grow_send_window
 from serval.http2.hpack import HeaderListTooLarge
 from serval.protocol.grpc.status import GrpcStatus
 from serval.server.grpc.framing import Http2Connection
-from serval.server.grpc.stream import CallFailed, ServerCall
+from serval.server.grpc.stream import NO_OWN_HEADERS, CallFailed, ResponseHeaders, ServerCall
 from serval.server.limits import TransportGuards
 
 
@@ -40,9 +40,11 @@ class GrpcConnection(Http2Connection):
     """The server side of one gRPC connection."""
 
     def __init__(self, runner: CallRunner, connections: set[GrpcConnection],
-                 guards: TransportGuards) -> None:
+                 guards: TransportGuards,
+                 response_headers: ResponseHeaders = NO_OWN_HEADERS) -> None:
         super().__init__(guards)
         self.runner, self.connections = runner, connections
+        self.response_headers = response_headers
         self.calls: dict[int, ServerCall] = {}
         self.blocked: set[ServerCall] = set()
         self._starting: list[ServerCall] = []

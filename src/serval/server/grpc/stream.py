@@ -24,7 +24,7 @@ from serval.protocol.grpc.status import GrpcStatus
 from serval.server.limits import ReceiveBudget
 
 _MESSAGE_PREFIX = struct.Struct(">BL")
-_RESPONSE_HEADERS = b"\x88" + encode_headers([("content-type", "application/grpc")])
+_STATUS_200 = b"\x88"  # HPACK static table entry 8, `:status: 200`
 _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
 
@@ -38,10 +38,26 @@ class CallFailed(Exception):
         self.status, self.message = status, message
 
 
+class ResponseHeaders:
+    """A server's answer header blocks, HPACK-encoded once as it starts (table-free literals,
+    so one block serves every connection): a call's first HEADERS (`:status` 200, content-type
+    and the server's own headers, serval-node), and those own headers for a bare HTTP answer."""
+
+    __slots__ = ("block", "own")
+
+    def __init__(self, own: tuple[Header, ...] = ()) -> None:
+        self.own = own
+        self.block = _STATUS_200 + encode_headers([("content-type", "application/grpc"), *own])
+
+
+NO_OWN_HEADERS = ResponseHeaders()
+
+
 class CallOwner(Protocol):
     """What a call needs of its connection."""
 
     write_paused: bool
+    response_headers: ResponseHeaders
 
     def write(self, data: bytes) -> None: ...
 
@@ -206,7 +222,7 @@ class ServerCall:
         if not self._headers_sent:
             self._headers_sent = True
             self.owner.write(h2.frame(h2.HEADERS, h2.END_HEADERS, self.stream_id,
-                                      _RESPONSE_HEADERS))
+                                      self.owner.response_headers.block))
         self._pending.append(_MESSAGE_PREFIX.pack(0, len(payload)) + payload)
         self._pending_bytes += 5 + len(payload)
         self.owner.send_pending(self)
@@ -237,7 +253,7 @@ class ServerCall:
         trailers.extend(extra)
         block = encode_headers(trailers)
         if not self._headers_sent:
-            block = _RESPONSE_HEADERS + block
+            block = self.owner.response_headers.block + block
         self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
                                   block)
         self.owner.send_pending(self)
@@ -255,7 +271,8 @@ class ServerCall:
         """Answer with a bare HTTP status (e.g. 415 for a request that is not gRPC)."""
         self.finished = True
         self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                  encode_headers([(":status", str(http_status))]))
+                                  encode_headers([(":status", str(http_status)),
+                                                  *self.owner.response_headers.own]))
         self.owner.send_pending(self)
 
     @property

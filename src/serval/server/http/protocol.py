@@ -29,7 +29,14 @@ from serval.server.http.app import HttpApp, Reply
 from serval.server.http.errors import JSON_HEADERS, error_body
 from serval.server.http.reader import Request, RequestReader
 from serval.server.http.timer import ConnectionTimer
-from serval.server.http.wire import CONTINUE, Refusal, encode_reply, refusal
+from serval.server.http.wire import (
+    CONTINUE,
+    NO_SERVER_HEADERS,
+    Refusal,
+    ServerHeaders,
+    encode_reply,
+    refusal,
+)
 from serval.server.limits import TransportGuards
 
 log = logging.getLogger(__name__)
@@ -38,9 +45,6 @@ _LINGER_S = 2.0
 _TOO_EARLY_BODY = error_body("this connection was refused with 429 and sent again before its "
                              "Retry-After elapsed; refused again (wait Retry-After seconds)")
 _STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
-_FULL = encode_reply((503, b'{"error":"the server is at its connection limit '
-                            b'(--max-connections); retry shortly"}',
-                      [(b"content-type", b"application/json")]), keep_alive=False)
 
 
 @dataclass
@@ -62,10 +66,12 @@ class ConnectionTracker:
 class HttpProtocol(RequestReader):
     """One client connection: requests in (reader.py), answers out in order."""
 
-    def __init__(self, app: HttpApp, tracker: ConnectionTracker,
-                 guards: TransportGuards) -> None:
+    def __init__(self, app: HttpApp, tracker: ConnectionTracker, guards: TransportGuards,
+                 server_headers: ServerHeaders = NO_SERVER_HEADERS) -> None:
         super().__init__(app, guards)
         self.tracker = tracker
+        self.server_headers = server_headers
+        self.server_lines = server_headers.lines  # on every answer (serval-node)
         self.max_pipelined = guards.limits.max_pipelined
         self.transport: asyncio.Transport | None = None
         self.timer: ConnectionTimer | None = None
@@ -85,7 +91,7 @@ class HttpProtocol(RequestReader):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)
         if not self.guards.gate.admit(self):
-            transport.write(_FULL)
+            transport.write(self.server_headers.at_limit)
             transport.close()
             return
         self.tracker.connections.add(self)
@@ -255,7 +261,8 @@ class HttpProtocol(RequestReader):
                 if self.transport is None:
                     return
                 keep_alive = item.keep_alive and not self.closing
-                self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD"))
+                self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
+                                                  self.server_lines))
                 self._release(item.reserved)
                 if not keep_alive:
                     self.transport.close()
@@ -288,7 +295,8 @@ class HttpProtocol(RequestReader):
         transport = self.transport
         assert transport is not None
         self.pending.clear()
-        transport.write(encode_reply(answer.reply, keep_alive=False))
+        transport.write(encode_reply(answer.reply, keep_alive=False,
+                                     server_lines=self.server_lines))
         if not answer.linger:
             transport.close()
             return

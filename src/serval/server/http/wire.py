@@ -13,16 +13,36 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 
 
-def encode_reply(reply: Reply, keep_alive: bool, head: bool = False) -> bytes:
-    """Status line, headers and body; a HEAD answer has the headers a GET would, and no body."""
+def encode_reply(reply: Reply, keep_alive: bool, head: bool = False,
+                 server_lines: bytes = b"") -> bytes:
+    """Status line, headers and body; a HEAD answer has the headers a GET would, and no body.
+
+    `server_lines`: the server's own header lines (ServerHeaders.lines), already encoded."""
     status, body, headers = reply
-    parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode()]
+    parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode(), server_lines]
     parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
     parts.append(b"content-length: %d\r\n" % len(body))
     if not keep_alive:
         parts.append(b"connection: close\r\n")
     parts += [b"\r\n", b"" if head else body]
     return b"".join(parts)
+
+
+class ServerHeaders:
+    """The headers every answer of one server carries (serval-node), encoded once as it starts,
+    and the answer a connection past --max-connections gets, with them."""
+
+    __slots__ = ("at_limit", "lines")
+
+    def __init__(self, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        self.lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in headers)
+        self.at_limit = encode_reply((503, _AT_LIMIT_BODY, [*JSON_HEADERS]), keep_alive=False,
+                                     server_lines=self.lines)
+
+
+_AT_LIMIT_BODY = error_body("the server is at its connection limit (--max-connections); "
+                            "retry shortly")
+NO_SERVER_HEADERS = ServerHeaders()
 
 
 @dataclass(slots=True)
