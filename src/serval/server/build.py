@@ -28,8 +28,8 @@ from serval.repository.watcher import watch_repository
 from serval.server.agent import AgentServer, NodeState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
-from serval.server.http.wire import ServerHeaders
 from serval.server.http.ui.status import ServerStatus
+from serval.server.http.wire import ServerHeaders
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
 
