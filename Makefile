@@ -12,9 +12,11 @@ PORT   ?= 8000
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@# the browser tests (tests/e2e) drive Debian's chromium; Playwright never downloads one
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends \
-		chromium) || echo "chromium could not be installed: the browser tests will be skipped"
+	@# the browser tests (tests/e2e) drive Debian's chromium; Playwright never downloads one;
+	@# `serval cluster` runs Debian's HAProxy in front of the nodes
+	(command -v chromium >/dev/null && command -v haproxy >/dev/null) || (apt-get update && \
+		apt-get install -y --no-install-recommends chromium haproxy) || echo "chromium or \
+		haproxy could not be installed: the browser and cluster tests will be skipped"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'

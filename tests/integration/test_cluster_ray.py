@@ -73,7 +73,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServal]:
     nodes.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
     port = free_port()
     try:
-        deployed = _serval("cluster", "deploy", "--address", nodes.address, "--repository",
+        deployed = _serval("cluster", "ray", "deploy", "--address", nodes.address, "--repository",
                            str(repository), "--replicas", "2", "--replica-cpus", "1",
                            "--poll-interval-s", "0.5", "--host", "127.0.0.1",
                            "--http-port", str(port))
@@ -237,10 +237,10 @@ def test_the_index_and_statistics_routes_answer_through_the_ingress(cluster: Ray
 
 
 def test_cluster_status_and_bad_deploy_arguments(cluster: RayServal) -> None:
-    status = _serval("cluster", "status", "--address", cluster.address)
+    status = _serval("cluster", "ray", "status", "--address", cluster.address)
     assert status.returncode == 0, status.stderr[-2000:]
     assert "serval: RUNNING" in status.stdout and "ServalReplica" in status.stdout
-    bad = _serval("cluster", "deploy", "--address", cluster.address, "--repository", "/m",
+    bad = _serval("cluster", "ray", "deploy", "--address", cluster.address, "--repository", "/m",
                   "--min-replicas", "3", "--max-replicas", "1")
     assert bad.returncode == 1
     assert "min_replicas must be <= max_replicas" in bad.stderr

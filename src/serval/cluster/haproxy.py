@@ -1,0 +1,288 @@
+"""The HAProxy configuration in front of Serval nodes: a pure function of the node list.
+
+Routing (docs/design.md, "Scaling out"):
+- The model name is the key: REST from the path (`/v2/models/<name>/...`,
+  `/v2/repository/models/<name>/...`), gRPC from the first message's field 1 (`ungrpc`; the
+  `serval-model` header wins when present, e.g. for compressed messages and streams).
+- Two backends over the same nodes and the same ring (same server ids): `home` hashes every
+  model to one node (pure consistent hashing: its requests land where it is resident); a model
+  whose recent rate passes `hot_rate` (a stick table counts requests per model) goes to
+  `spread`, the same ring with bounded load (`hash-balance-factor`), so a hot model starts on its
+  home node and spills to the next nodes on the ring, which load it lazily.
+- Active health checks on `/v2/health/ready`; an agent check answered by the node (`drain`
+  while it drains, a weight from its free queue and memory in `spread`).
+- Connection failures, empty responses and 503s are retried on another node; repository
+  control and streams are never retried after they were sent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
+GRPC_SERVICE = "/inference.GRPCInferenceService/"
+# unary calls whose request's field 1 is the model's name
+_GRPC_BY_NAME = ("ModelInfer", "ModelMetadata", "ModelReady", "ModelConfig",
+                 "ModelStatistics")
+_GRPC_CONTROL = ("RepositoryModelLoad", "RepositoryModelUnload")  # model name: field 2
+MODEL_HEADER = "serval-model"
+RING_WEIGHT = 64  # x 16 ring points per node in HAProxy: smooth shares, agent steps of 25%
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Serval node as the proxy sees it. `id` fixes its ring points: every proxy in front
+    of the cluster must give a node the same id (and ids must never be reused for another)."""
+
+    name: str
+    host: str
+    http_port: int
+    grpc_port: int | None = None
+    agent_port: int | None = None
+    id: int = 1
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"node name {self.name!r}: use 1-64 letters, digits, '.', '_', '-'")
+        if not _HOST.match(self.host):
+            raise ValueError(f"node {self.name}: {self.host!r} is not a host name or address")
+        for port in (self.http_port, self.grpc_port, self.agent_port):
+            if port is not None and not 0 < port < 65536:
+                raise ValueError(f"node {self.name}: port {port} is outside 1-65535")
+        if self.id < 1:
+            raise ValueError(f"node {self.name}: id must be >= 1")
+
+    @classmethod
+    def parse(cls, spec: str, id: int) -> Node:
+        """`[NAME=]HOST:HTTP[:GRPC[:AGENT]]` (`-` skips a port), e.g. `n1=10.0.0.5:8000:8001`."""
+        name, _, address = spec.rpartition("=")
+        host, *ports = _split_address(address)
+        if not 1 <= len(ports) <= 3 or not ports[0].isdigit():
+            raise ValueError(f"node {spec!r}: expected [NAME=]HOST:HTTP[:GRPC[:AGENT]]")
+        numbers = [int(p) if p.isdigit() else None for p in ports] + [None, None]
+        if any(p not in ("-", "") and not p.isdigit() for p in ports):
+            raise ValueError(f"node {spec!r}: ports are numbers (or '-' for none)")
+        return cls(name or f"node{id}", host, numbers[0] or 0, numbers[1], numbers[2], id)
+
+
+def _split_address(address: str) -> list[str]:
+    """`host:p1:p2`, `[v6::addr]:p1:p2` -> [host, p1, p2]."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return [host, *rest.lstrip(":").split(":")] if rest else [host]
+    return address.split(":")
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Nodes found through DNS (e.g. a Kubernetes headless Service): `slots` server-template
+    entries that HAProxy fills from the name's A/AAAA records as nodes come and go."""
+
+    name: str
+    slots: int = 16
+    http_port: int = 8000
+    grpc_port: int | None = 8001
+    agent_port: int | None = 8002
+    nameservers: tuple[str, ...] = ()  # empty: the proxy's /etc/resolv.conf
+
+    def __post_init__(self) -> None:
+        if not _HOST.match(self.name):
+            raise ValueError(f"{self.name!r} is not a DNS name")
+        if not 1 <= self.slots <= 1024:
+            raise ValueError("slots must be 1-1024")
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """What the proxy listens on and how it balances; every field has a working default."""
+
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int | None = 8001
+    stats_socket: str | None = None  # the runtime API (a unix socket path); None: none
+    stats_port: int | None = None  # HAProxy's own stats page and Prometheus /metrics
+    hot_rate: int = 100  # requests per second that make a model hot (spread over nodes)
+    balance_factor: int = 125  # a hot model's node takes at most this % of the average
+    check_interval_ms: int = 1000
+    retries: int = 3
+    threads: int = 1
+    maxconn: int | None = None  # None: HAProxy derives it from the file-descriptor limit
+    node_maxconn: int = 1024  # requests in flight to one node; more wait in the proxy
+    timeout_client_s: int = 300
+    timeout_server_s: int = 300
+    header_timeout_s: int = 10  # a client's request headers (slowloris) must arrive within
+    extra_global: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.balance_factor and self.balance_factor <= 100:
+            raise ValueError("balance_factor must be > 100 (or 0 for off)")
+        if self.hot_rate < 1:
+            raise ValueError("hot_rate must be >= 1 request per second")
+        if self.retries < 0 or self.threads < 1:
+            raise ValueError("retries must be >= 0 and threads >= 1")
+
+
+def render(settings: ProxySettings, nodes: list[Node] | Discovery) -> str:
+    """The whole haproxy.cfg for these nodes (or this DNS discovery)."""
+    if isinstance(nodes, list):
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        ids = [n.id for n in nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError("node ids must be unique")
+    parts = [_global(settings, nodes), _defaults(settings), _models_table(settings),
+             _http_frontend(settings)]
+    grpc = settings.grpc_port is not None and _has_grpc(nodes)
+    if grpc:
+        parts.append(_grpc_frontend(settings))
+    for transport in ("http", "grpc") if grpc else ("http",):
+        for kind in ("home", "spread"):
+            parts.append(_backend(settings, nodes, transport, kind))
+    if settings.stats_port:
+        parts.append(_stats(settings))
+    return "\n".join(parts)
+
+
+def _has_grpc(nodes: list[Node] | Discovery) -> bool:
+    if isinstance(nodes, Discovery):
+        return nodes.grpc_port is not None
+    return any(n.grpc_port for n in nodes)
+
+
+def _global(settings: ProxySettings, nodes: list[Node] | Discovery) -> str:
+    lines = ["global", f"    nbthread {settings.threads}",
+             # retried requests are copied into one buffer: bodies up to 64 KiB can be retried
+             "    tune.bufsize 65536", "    hard-stop-after 60s"]
+    if settings.maxconn:
+        lines.append(f"    maxconn {settings.maxconn}")
+    if settings.stats_socket:
+        lines.append(f"    stats socket {settings.stats_socket} mode 600 level admin "
+                     "expose-fd listeners")
+    lines += [f"    {line}" for line in settings.extra_global]
+    if isinstance(nodes, Discovery):
+        servers = " ".join(f"nameserver ns{i} {ns}" for i, ns in enumerate(nodes.nameservers))
+        lines += ["", "resolvers dns",
+                  "    parse-resolv-conf" if not nodes.nameservers else f"    {servers}",
+                  "    hold valid 5s", "    hold obsolete 5s", "    resolve_retries 3",
+                  "    timeout resolve 1s", "    timeout retry 1s"]
+    return "\n".join(lines) + "\n"
+
+
+def _defaults(s: ProxySettings) -> str:
+    return f"""defaults
+    mode http
+    timeout connect 2s
+    timeout client {s.timeout_client_s}s
+    timeout server {s.timeout_server_s}s
+    timeout http-request {s.header_timeout_s}s
+    timeout http-keep-alive 60s
+    timeout queue 30s
+    timeout check 2s
+    timeout tunnel 1h
+    http-reuse always
+    retries {s.retries}
+    option redispatch 1
+    retry-on conn-failure empty-response response-timeout 503
+"""
+
+
+def _models_table(s: ProxySettings) -> str:
+    # one entry per model: its request rate over the last second (both transports count)
+    return """backend models
+    stick-table type string len 128 size 200k expire 30s store http_req_rate(1s)
+"""
+
+
+def _route(s: ProxySettings, transport: str) -> str:
+    """Rules shared by both frontends once txn.model is set: count, pick home or spread."""
+    return f"""    http-request track-sc0 var(txn.model) table models if {{ var(txn.model) -m found }}
+    use_backend {transport}_spread if {{ var(txn.model) -m found }} {{ sc0_http_req_rate(models) gt {s.hot_rate} }}
+    default_backend {transport}_home
+"""  # noqa: E501
+
+
+def _http_frontend(s: ProxySettings) -> str:
+    return f"""frontend http
+    bind {_bind(s.host, s.http_port)}
+    option forwardfor
+    http-request set-var(txn.model) path,field(4,/) if {{ path_beg /v2/models/ }}
+    http-request set-var(txn.model) path,field(5,/) if {{ path_beg /v2/repository/models/ }}
+    http-request disable-l7-retry if {{ path_beg /v2/repository/ }}
+{_route(s, "http")}"""
+
+
+def _grpc_frontend(s: ProxySettings) -> str:
+    assert s.grpc_port is not None
+    by_name = " ".join(GRPC_SERVICE + m for m in _GRPC_BY_NAME)
+    control = " ".join(GRPC_SERVICE + m for m in _GRPC_CONTROL)
+    stream = GRPC_SERVICE + "ModelStreamInfer"
+    return f"""frontend grpc
+    bind {_bind(s.host, s.grpc_port)} proto h2
+    acl named_call path {by_name}
+    acl control_call path {control}
+    acl stream_call path {stream}
+    acl model_header req.hdr({MODEL_HEADER}) -m found
+    acl compressed req.hdr(grpc-encoding) -m found
+    http-request set-var(txn.model) req.hdr({MODEL_HEADER}) if model_header
+    http-request wait-for-body time 1s if !model_header named_call || !model_header control_call
+    http-request set-var(txn.model) req.body,ungrpc(1) if !model_header named_call !compressed
+    http-request set-var(txn.model) req.body,ungrpc(2) if !model_header control_call !compressed
+    http-request disable-l7-retry if control_call || stream_call
+{_route(s, "grpc")}"""
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _backend(s: ProxySettings, nodes: list[Node] | Discovery, transport: str, kind: str) -> str:
+    lines = [f"backend {transport}_{kind}",
+             "    balance hash var(txn.model)",
+             "    hash-type consistent sdbm avalanche"]
+    if kind == "spread" and s.balance_factor:
+        lines.append(f"    hash-balance-factor {s.balance_factor}")
+    if transport == "http":  # (in spread, for the template's probes only)
+        lines += ["    option httpchk GET /v2/health/ready", "    http-check expect status 200"]
+    # the node's agent: `drain` when it drains; in spread, a weight from its free capacity
+    agent_send = "weight" if kind == "spread" else "state"
+    probes = transport == "http" and kind == "home"  # one health probe per node
+    check = f"check inter {s.check_interval_ms} fall 2 rise 2 " if probes else ""
+    lines.append(f"    default-server {check}maxconn {s.node_maxconn} weight {RING_WEIGHT} "
+                 f"agent-inter {s.check_interval_ms} agent-send \"{agent_send}\\n\""
+                 + (" proto h2" if transport == "grpc" else ""))
+    if isinstance(nodes, Discovery):
+        port = nodes.http_port if transport == "http" else nodes.grpc_port
+        agent = f" agent-check agent-port {nodes.agent_port}" if nodes.agent_port else ""
+        check = ""
+        if not probes:  # template slots cannot track: each probes the node's HTTP port
+            if transport == "grpc":
+                lines += ["    option httpchk GET /v2/health/ready",
+                          "    http-check expect status 200"]
+            check = (f" check inter {s.check_interval_ms} fall 2 rise 2 port {nodes.http_port}"
+                     " check-proto h1")
+        lines.append(f"    server-template node {nodes.slots} {nodes.name}:{port} "
+                     f"resolvers dns init-addr none resolve-prefer ipv4{agent}{check}")
+        return "\n".join(lines) + "\n"
+    for node in nodes:
+        port = node.http_port if transport == "http" else node.grpc_port
+        if port is None:
+            continue
+        agent = f" agent-check agent-port {node.agent_port}" if node.agent_port else ""
+        # the others mirror the home HTTP probe of the same node
+        track = "" if probes else f" track http_home/{node.name}"
+        lines.append(f"    server {node.name} {_bind(node.host, port)} id {node.id}"
+                     f"{agent}{track}")
+    return "\n".join(lines) + "\n"
+
+
+def _stats(s: ProxySettings) -> str:
+    return f"""frontend stats
+    bind {_bind(s.host, s.stats_port or 0)}
+    http-request use-service prometheus-exporter if {{ path /metrics }}
+    stats enable
+    stats uri /
+    stats refresh 5s
+"""
