@@ -129,7 +129,7 @@ class Load:
                 assert out.shape == (1, 4)
                 with self.lock:
                     self.done += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+            except Exception as exc:
                 with self.lock:
                     self.errors.append(f"{'grpc' if use_grpc else 'http'} {model}: {exc}")
         client.close()
