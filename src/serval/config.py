@@ -209,6 +209,8 @@ class ServerConfig(_Strict):
     max_tensor_elements: int = Field(
         64 * 1024 * 1024, ge=1, description="elements in one input tensor beyond: 400"
     )
+    strict_readiness: bool = Field(
+        True, description="ready only while every model that should serve is READY (Triton's)")
     # behind a load balancer (HAProxy)
     node_name: str | None = Field(
         None, description="the serval-node answer header's value; None: this host's name")
