@@ -37,14 +37,18 @@ class DataPlane:
                  max_inflight: int = server_default("max_inflight"),
                  default_timeout_ms: float = server_default("default_timeout_ms"),
                  repository_api: bool = False,
-                 max_tensor_elements: int = server_default("max_tensor_elements")) -> None:
+                 max_tensor_elements: int = server_default("max_tensor_elements"),
+                 strict_readiness: bool = server_default("strict_readiness")) -> None:
         self.registry = registry
+        self.strict_readiness = strict_readiness
         self.max_inflight = max_inflight
         self.repository_api = repository_api  # load/unload allowed (both transports ask here)
         self.max_tensor_elements = max_tensor_elements
         self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
         self._inflight = 0
         self._ready = False
+        self._asked: set[str] = set()  # loaded through the API (explicit: they should serve)
+        self._unloaded: set[str] = set()  # unloaded through the API (all: they need not)
         registry.route_steps(self._infer_model)  # a pipeline's steps take the same path
 
     def set_ready(self, ready: bool) -> None:
@@ -54,7 +58,35 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        return self._ready
+        return not self.not_ready_reason()
+
+    def not_ready_reason(self) -> str:
+        """"" when ready; else why not, without model names (health probes are open).
+
+        Ready means started and not draining and, with strict readiness (Triton's
+        --strict-readiness, the default), every model that should serve is READY: under model
+        control `all` every model of the repository (but those unloaded through the API),
+        under `explicit` every model loaded through the API and not unloaded since. Under
+        `lazy` no model holds the server's readiness: each loads on its first request, and a
+        model that fails to load fails its own requests, never the node's health check (a
+        cluster node would otherwise leave the rotation over one bad model)."""
+        if not self._ready:
+            return "not ready: the server is starting or shutting down"
+        if not self.strict_readiness:
+            return ""
+        problems = self.registry.not_serving(self._should_serve())
+        if not problems:
+            return ""
+        for problem in problems:
+            log.debug("not ready", extra={"reason": problem})
+        return (f"not ready: {len(problems)} model version(s) that should serve do not (the "
+                "repository index says why; --no-strict-readiness ignores models)")
+
+    def _should_serve(self) -> list[str]:
+        control = self.registry.control
+        if control == "all":
+            return [name for name in self.registry.model_names() if name not in self._unloaded]
+        return sorted(self._asked) if control == "explicit" else []
 
     @property
     def inflight(self) -> int:
@@ -107,11 +139,23 @@ class DataPlane:
                          ) -> None:
         """(Re)load a model; the override is config.yaml settings as an object or JSON text."""
         self._require_repository_api("load")
-        await self.registry.load(name, _config_override(config_override))
+        override = _config_override(config_override)
+        try:
+            await self.registry.load(name, override)
+        except ModelNotReady:  # asked all the same: it should serve, and does not (as Triton)
+            self._mark_asked(name)
+            raise
+        self._mark_asked(name)
+
+    def _mark_asked(self, name: str) -> None:
+        self._asked.add(name)
+        self._unloaded.discard(name)
 
     async def unload_model(self, name: str) -> None:
         self._require_repository_api("unload")
         await self.registry.unload(name)
+        self._asked.discard(name)
+        self._unloaded.add(name)
 
     def _require_repository_api(self, action: str) -> None:
         if not self.repository_api:

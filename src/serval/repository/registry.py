@@ -13,18 +13,19 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
 from serval.backends.base import Backend
-from serval.config import server_default
+from serval.config import PipelineStep, server_default
 from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from serval.repository.context import StepPath, StepRouter, VersionContext
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
 from serval.repository.served import ModelState, ServedModel
+from serval.repository.steps import StepNotReady, check_no_loop, steps_of, unready_steps
 from serval.repository.store import serving_version, verify_version
 from serval.stats import Histogram, ModelStats
 
@@ -290,6 +291,7 @@ class ModelRegistry:
     async def _load(self, served: ServedModel) -> None:
         previous = served.state
         try:
+            await self._load_steps(served)  # before taking a slot: a step needs its own
             async with self._load_slots:
                 served.state, served.reason = ModelState.LOADING, "loading"
                 started_ns = time.perf_counter_ns()
@@ -299,7 +301,8 @@ class ModelRegistry:
             served.state, served.reason = previous, exc.message
         except Exception as exc:  # clients see the reason without the repository's path
             served.state = ModelState.UNAVAILABLE
-            served.reason = f"load failed: {self.public_reason(str(exc))}"
+            public = exc.public if isinstance(exc, StepNotReady) else str(exc)
+            served.reason = f"load failed: {self.public_reason(public)}"
             served.auto_load = False  # a broken version waits for an explicit load
             log.error("model failed to load", extra={"model": served.name,
                                                      "version": served.version,
@@ -330,6 +333,58 @@ class ModelRegistry:
         log.info("model loaded", extra={"model": served.name, "version": served.version,
                                         "bytes": served.memory_bytes})
         await self._make_room(0, served)
+
+    # pipelines: a composite model serves only while every step's model does -----------------
+
+    async def _load_steps(self, served: ServedModel) -> None:
+        """Load the models a pipeline's steps run on, so a step that cannot load (a refused
+        Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
+        load, not at its first request. StepNotReady naming the step in the log only."""
+        steps = self._steps_of(served.name)
+        if not steps:
+            return
+        served.state, served.reason = ModelState.LOADING, "loading its steps"
+        check_no_loop(served.name, self._steps_of)
+        for index, step in enumerate(steps, start=1):
+            try:
+                await self._ensure_loaded(self.get(step.model, step.version))
+            except (ModelNotFound, ModelNotReady) as exc:
+                raise StepNotReady(f"step {index} ('{step.model}') cannot serve: {exc.message}",
+                                   f"step {index} cannot serve: one of its models is not ready "
+                                   "(the repository index and the log say why)") from None
+
+    def unready_steps(self, served: ServedModel) -> list[str]:
+        """Why a loaded pipeline cannot serve now ([] for any other model)."""
+        return unready_steps(served, self.get)
+
+    def _steps_of(self, name: str) -> list[PipelineStep]:
+        return steps_of(self.root, name, self._overrides.get(name))
+
+    # readiness ----------------------------------------------------------------------------------
+
+    def not_serving(self, names: Iterable[str]) -> list[str]:
+        """Why these models do not all serve: each version their policy selects that is not
+        READY. An evicted version reloads on demand and a version loading beside a ready one
+        (a hot swap) still serves, so neither counts; a pipeline needs its steps too."""
+        problems = []
+        for name in names:
+            versions = self._models.get(name, {})
+            serving = any(s.state is ModelState.READY for s in versions.values())
+            for version in self._selected.get(name, ()):
+                served = versions.get(version)
+                if served is None or served.state is ModelState.EVICTED or (
+                        serving and served.state is ModelState.LOADING):
+                    continue
+                if served.state is not ModelState.READY:
+                    problems.append(f"model '{name}' version {version} is "
+                                    f"{served.state.value}: {served.reason}")
+                else:
+                    problems += [f"model '{name}' {problem}"
+                                 for problem in self.unready_steps(served)]
+        return problems
+
+    def model_names(self) -> list[str]:
+        return list(self._models)
 
     # memory ----------------------------------------------------------------------------------
 

@@ -80,7 +80,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     dataplane = DataPlane(registry, max_inflight=config.max_inflight,
                           default_timeout_ms=config.default_timeout_ms,
                           repository_api=config.repository_api_enabled,
-                          max_tensor_elements=config.max_tensor_elements)
+                          max_tensor_elements=config.max_tensor_elements,
+                          strict_readiness=config.strict_readiness)
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))

@@ -105,7 +105,8 @@ class HttpApp:
         if parts == ["health", "live"]:
             return _status_only(200 if self.dataplane.live() else 503)
         if parts == ["health", "ready"]:
-            return _status_only(200 if self.dataplane.ready() else 503)
+            reason = self.dataplane.not_ready_reason()
+            return (503, error_body(reason), list(JSON_HEADERS)) if reason else _status_only(200)
         if parts == ["models", "stats"]:
             return _json(self.dataplane.statistics())
         if parts == ["openapi.json"]:

@@ -1,0 +1,67 @@
+"""A pipeline's steps as the registry sees them: the models they run on (read from the
+pipeline's config), loops among pipelines, and whether every step's model serves now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from serval.config import PipelineStep
+from serval.errors import ConfigError, ModelNotFound
+from serval.repository.layout import scan_model
+from serval.repository.served import ModelState, ServedModel
+
+StepsOf = Callable[[str], list[PipelineStep]]
+GetModel = Callable[[str, str | None], ServedModel]
+
+
+class StepNotReady(ConfigError):
+    """A pipeline step's model cannot serve: the log names it, clients do not learn it (the
+    reason they see is `public`)."""
+
+    def __init__(self, message: str, public: str) -> None:
+        super().__init__(message)
+        self.public = public
+
+
+def steps_of(root: Path, name: str, override: dict[str, object] | None) -> list[PipelineStep]:
+    """The steps a model's config lists ([] for a model that is no pipeline, or whose config
+    is broken: its own load reports that)."""
+    directory = scan_model(root, name)
+    if directory is None:
+        return []
+    try:
+        return list(directory.config(override).steps)
+    except ConfigError:
+        return []
+
+
+def check_no_loop(name: str, steps: StepsOf) -> None:
+    """ConfigError when a pipeline's steps lead back to a pipeline on the way (its load would
+    wait on itself)."""
+    def visit(trail: tuple[str, ...]) -> None:
+        for step in steps(trail[-1]):
+            if step.model in trail:
+                raise ConfigError(f"pipeline steps loop: {' -> '.join((*trail, step.model))}")
+            visit((*trail, step.model))
+    visit((name,))
+
+
+def unready_steps(served: ServedModel, get: GetModel) -> list[str]:
+    """Why a loaded pipeline cannot serve now: each step whose model is not ready (an evicted
+    one reloads on demand, so it counts as serving); [] for any other model."""
+    if served.spec is None or not served.spec.config.steps:
+        return []
+    problems = []
+    for index, step in enumerate(served.spec.config.steps, start=1):
+        try:
+            model = get(step.model, step.version)
+        except ModelNotFound as exc:
+            problems.append(f"step {index} ('{step.model}'): {exc.message}")
+            continue
+        if model.state not in (ModelState.READY, ModelState.EVICTED):
+            problems.append(f"step {index} ('{step.model}'): version {model.version} is "
+                            f"{model.state.value}: {model.reason}")
+        elif model is not served:
+            problems += unready_steps(model, get)
+    return problems
