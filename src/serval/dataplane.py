@@ -12,6 +12,7 @@ from serval.backends.base import ModelMetadata
 from serval.config import server_default
 from serval.errors import (
     InvalidInput,
+    ModelNotFound,
     ModelNotReady,
     Overloaded,
     PermissionDenied,
@@ -108,7 +109,13 @@ class DataPlane:
         }
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
-        return self.registry.get(name, version).state is ModelState.READY
+        """Whether the model (version) serves now; false, not an error, for one the server does
+        not know (as Triton). A pipeline is ready only while every step's model is."""
+        try:
+            served = self.registry.get(name, version)
+        except ModelNotFound:
+            return False
+        return served.state is ModelState.READY and not self.registry.unready_steps(served)
 
     async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's configuration as Triton's model_configuration extension shows it."""

@@ -34,9 +34,10 @@ def test_model_metadata_reads_the_model_file(server: RunningServer) -> None:
 def test_model_readiness(server: RunningServer) -> None:
     assert call(server.url, "GET", "/v2/models/linear/ready").json() == {
         "name": "linear", "ready": True}
-    broken = call(server.url, "GET", "/v2/models/corrupt/ready")
-    assert broken.status == 503 and broken.json()["ready"] is False
-    assert call(server.url, "GET", "/v2/models/nope/ready").status == 404
+    broken = call(server.url, "GET", "/v2/models/corrupt/ready")  # not ready: 400, as Triton
+    assert broken.status == 400 and broken.json()["ready"] is False
+    for unknown in ("/v2/models/nope/ready", "/v2/models/linear/versions/99/ready"):
+        assert call(server.url, "GET", unknown).status == 400
 
 
 def test_model_config_shows_batching(server: RunningServer) -> None:
@@ -224,7 +225,7 @@ def test_cuda_model_on_a_cpu_machine_fails_its_load_clearly(
     fixture_models.add_sub(tmp_path)
     server = server_factory(tmp_path)  # type: ignore[operator]
     reply = call(server.url, "GET", "/v2/models/linear/ready")
-    assert reply.status == 503
+    assert reply.status == 400
     failed = infer(server.url, "linear", {"inputs": [LINEAR_INPUT]})
     assert failed.status == 503 and "CUDA is not available" in failed.error
     doc = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}

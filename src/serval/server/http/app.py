@@ -126,8 +126,8 @@ class HttpApp:
         if method != "GET":
             return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())
         if action == "ready":
-            ready = self.dataplane.model_ready(name, version)
-            return _json({"name": name, "ready": ready}, 200 if ready else 503)
+            ready = self.dataplane.model_ready(name, version)  # not ready: 400, as Triton
+            return _json({"name": name, "ready": ready}, 200 if ready else 400)
         if action == "config":
             return _json(await self.dataplane.model_config(name, version))
         if action == "stats":
