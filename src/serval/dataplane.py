@@ -21,7 +21,7 @@ from serval.errors import (
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
-from serval.repository.registry import ModelRegistry
+from serval.repository.registry import ModelRegistry, not_ready_message
 from serval.repository.served import ModelState, ServedModel
 
 log = logging.getLogger(__name__)
@@ -365,8 +365,7 @@ def _select_outputs(outputs: TensorDict, request: InferRequest) -> TensorDict:
 
 def _require_metadata(served: ServedModel) -> ModelMetadata:
     if served.model is None:
-        reason = f": {served.reason}" if served.reason else ""
-        raise ModelNotReady(f"model '{served.name}' is not loaded{reason}")
+        raise ModelNotReady(not_ready_message(served))
     return served.model.metadata
 
 

@@ -174,11 +174,13 @@ def test_pipeline_errors_name_the_pipeline_and_the_log_the_step(
         with_pipelines: RunningServer) -> None:
     reply = infer(with_pipelines.url, "broken_chain", {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
-    assert reply.status == 503  # the pipeline exists; a model it needs does not
-    assert reply.error == "pipeline 'broken_chain' cannot serve now: one of its models is not ready"
-    assert "pipeline 'broken_chain' step 2 ('missing')" in with_pipelines.log()
+    assert reply.status == 503  # the pipeline exists; a model it needs does not: it did not load
+    assert reply.error.startswith("Request for unknown model: 'broken_chain' has no available "
+                                  "versions: version 1 is UNAVAILABLE (load failed: step 2 "
+                                  "cannot serve: one of its models is not ready")
+    assert "missing" not in reply.error and "step 2 ('missing')" in with_pipelines.log()
     miswired = call(with_pipelines.url, "GET", "/v2/models/miswired/ready")
-    assert miswired.status == 503
+    assert miswired.status == 400
     assert "reads ['nope']" in infer(with_pipelines.url, "miswired", {"inputs": [
         {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).error
     assert _run(with_pipelines, "scripted", np.zeros((1, 4), np.float32))[0].tolist() == [[1] * 4]

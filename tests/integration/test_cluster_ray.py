@@ -128,7 +128,7 @@ def test_bad_input_gets_the_data_planes_400_through_the_ingress(cluster: RayServ
     x = np.zeros((1, 7), np.float32)
     with pytest.raises(Exception, match=r"\[400\].*shape \[1, 7\]"):
         _infer(client, "lin0", x)
-    with pytest.raises(Exception, match=r"\[404\].*unknown model 'nope'"):
+    with pytest.raises(Exception, match=r"\[404\].*Request for unknown model: 'nope' is not found"):
         _infer(client, "nope", np.zeros((1, 8), np.float32))
 
 

@@ -145,7 +145,7 @@ def test_stream_errors_do_not_end_the_stream(server: RunningServer) -> None:
     outcomes = [answers.get(timeout=30) for _ in range(2)]
     client.stop_stream()
     errors = [str(error) for _, error in outcomes if error is not None]
-    assert len(errors) == 1 and "unknown model 'nope'" in errors[0]
+    assert len(errors) == 1 and "Request for unknown model: 'nope' is not found" in errors[0]
 
 
 def test_statistics(client: triton.InferenceServerClient) -> None:
@@ -170,14 +170,14 @@ def _raw_request(model: str, *inputs: tuple[str, str, list[int], bytes]
 X8 = np.zeros(8, dtype=np.float32).tobytes()
 ERROR_TWINS = [
     (_raw_request("nope", ("x", "FP32", [1, 8], X8)), grpc.StatusCode.NOT_FOUND,
-     "unknown model 'nope'"),
+     "Request for unknown model: 'nope' is not found"),
     # the model is looked up before the inputs are read: no input, bad inputs, still NOT_FOUND
     (service_pb2.ModelInferRequest(model_name="nope"), grpc.StatusCode.NOT_FOUND,
-     "unknown model 'nope'"),
+     "Request for unknown model: 'nope' is not found"),
     (_raw_request("nope", ("x", "FP99", [1, 8], X8[:3])), grpc.StatusCode.NOT_FOUND,
-     "unknown model 'nope'"),
+     "Request for unknown model: 'nope' is not found"),
     (service_pb2.ModelInferRequest(model_name="linear", model_version="9"),
-     grpc.StatusCode.NOT_FOUND, "no version '9'"),
+     grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'linear' version 9 is not found"),
     (_raw_request("linear", ("x", "FP99", [1, 8], X8)), grpc.StatusCode.INVALID_ARGUMENT,
      "unknown datatype 'FP99'"),
     (_raw_request("linear", ("x", "INT32", [1, 8], X8)), grpc.StatusCode.INVALID_ARGUMENT,

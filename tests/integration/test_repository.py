@@ -77,7 +77,7 @@ def test_tritonclient_repository_calls_in_explicit_mode(server_factory: Factory,
     client.unload_model("linear")
     assert not client.is_model_ready("linear")
     assert "unloaded" in infer(server.url, "linear", X).error
-    with pytest.raises(InferenceServerException, match="no model 'nope'"):
+    with pytest.raises(InferenceServerException, match="failed to load 'nope'"):
         client.load_model("nope")
 
 

@@ -41,6 +41,19 @@ MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
 
 
+UNKNOWN_MODEL = "Request for unknown model: "  # Triton's words, which clients match on
+
+
+def not_ready_message(served: ServedModel, versioned: bool = True) -> str:
+    """Triton's words for a model (version) that is known and not ready, then why."""
+    reason = f" ({served.reason})" if served.reason else ""
+    if versioned:
+        return (f"{UNKNOWN_MODEL}'{served.name}' version {served.version} is not at ready "
+                f"state{reason}")
+    return (f"{UNKNOWN_MODEL}'{served.name}' has no available versions: version "
+            f"{served.version} is {served.state.value}{reason}")
+
+
 def _last_name(match: re.Match[str]) -> str:
     return match.group(0).rstrip("/").rsplit("/", 1)[-1] or "/"
 
@@ -113,7 +126,8 @@ class ModelRegistry:
         check_requested_name(name)
         directory = scan_model(self.root, name)
         if directory is None:
-            raise ModelNotFound(f"no model '{name}' in the repository")
+            raise ModelNotFound(f"failed to load '{name}': no model folder of that name in the "
+                                "repository")
         if override is not None:
             self._check_override(directory, override)
             self._overrides[name] = override
@@ -121,10 +135,10 @@ class ModelRegistry:
         if not self._selected[name]:
             reasons = "; ".join(s.reason for s in self._models[name].values()) or (
                 "the version policy selects no version folder")
-            raise ModelNotReady(f"model '{name}' has nothing to load: {reasons}")
+            raise ModelNotReady(f"failed to load '{name}': nothing to load: {reasons}")
         failures = await self._load_versions(name)
         if failures:  # retire nothing: the versions already serving keep serving
-            raise ModelNotReady(f"model '{name}' failed to load: {'; '.join(failures)}")
+            raise ModelNotReady(f"failed to load '{name}': {'; '.join(failures)}")
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
 
@@ -145,7 +159,7 @@ class ModelRegistry:
         """Stop serving every version of a model once its in-flight requests finish."""
         versions = self._models.get(name)
         if versions is None:
-            raise ModelNotFound(f"unknown model '{name}'")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
         for served in versions.values():
             await self._retire(served, "unloaded")
 
@@ -175,7 +189,7 @@ class ModelRegistry:
         the request path and the status page share."""
         versions = self._models.get(name)
         if not versions:
-            raise ModelNotFound(f"unknown model '{name}'")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
         if not version:  # newest ready, else newest loadable (never a failed one first)
             if len(versions) == 1:
                 only = next(iter(versions.values()))
@@ -187,9 +201,8 @@ class ModelRegistry:
             return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
-            raise ModelNotFound(
-                f"model '{name}' has no version '{version}'; versions: {', '.join(versions)}"
-            )
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' version {version} is not found; "
+                                f"versions: {', '.join(versions)}")
         return served
 
     def acquire(self, name: str, version: str | None = None) -> Lease:
@@ -203,7 +216,7 @@ class ModelRegistry:
             self.hits += 1
         else:
             self.misses += 1
-            await self._load_on_demand(served)
+            await self._load_on_demand(served, bool(version))
         served.in_flight += 1
         served.last_used_ns = self._clock()
         return served
@@ -265,16 +278,15 @@ class ModelRegistry:
             served = self._models[name][version]
             try:
                 await self._ensure_loaded(served)
-            except ModelNotReady as exc:
-                failures.append(f"version {version}: {exc.message}")
+            except ModelNotReady:
+                failures.append(f"version {version}: {served.reason}")
         return failures
 
-    async def _load_on_demand(self, served: ServedModel) -> None:
+    async def _load_on_demand(self, served: ServedModel, versioned: bool) -> None:
         if served.state is ModelState.LOADING or served.auto_load:
             await self._ensure_loaded(served)
             return
-        reason = f": {served.reason}" if served.reason else ""
-        raise ModelNotReady(f"model '{served.name}' version {served.version} is not ready{reason}")
+        raise ModelNotReady(not_ready_message(served, versioned))
 
     async def _ensure_loaded(self, served: ServedModel) -> None:
         """Load once however many callers wait; ModelNotReady with the reason if it fails."""
@@ -284,9 +296,7 @@ class ModelRegistry:
             served.loading = asyncio.ensure_future(self._load(served))
         await asyncio.shield(served.loading)
         if not served.ready:  # re-read after the await: the load may have failed
-            raise ModelNotReady(
-                f"model '{served.name}' version {served.version} is not ready: {served.reason}"
-            )
+            raise ModelNotReady(not_ready_message(served))
 
     async def _load(self, served: ServedModel) -> None:
         previous = served.state

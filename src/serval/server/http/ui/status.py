@@ -207,7 +207,7 @@ class ServerStatus:
         self._fresh()
         versions = [self.registry.get(name, v) for v in self.registry.versions_of(name)]
         if not versions:
-            raise ModelNotFound(f"unknown model '{name}'")
+            raise ModelNotFound(f"Request for unknown model: '{name}' is not found")
         history = _repository_history(self.registry, name)
         since = self._clock() - 120
         batch_sizes: dict[int, int] = {}
