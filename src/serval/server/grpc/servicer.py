@@ -20,6 +20,7 @@ from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
 _STREAM_SLOTS = 128  # requests of one stream in flight, when the context does not say
+FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last
 
 
 class InferenceServicer:
@@ -76,22 +77,28 @@ class InferenceServicer:
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (so they batch); answers come as they finish.
+        """Requests of one stream run concurrently (so they batch); answers go back in request
+        order, as Triton answers a model that is not decoupled (every model Serval serves).
 
         At most `max_stream_messages` requests are running or answered-but-unsent at once: a
         slot is taken before a request is read and given back once its answer has been handed
-        on, so a client that does not read its answers stops having its requests read.
+        on, so a client that does not read its answers (or a slow request ahead of fast ones)
+        stops having its requests read.
         """
         token = _token(context)
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        answers: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = (
+            asyncio.Queue())
         slots = asyncio.Semaphore(getattr(context, "max_stream_messages", _STREAM_SLOTS))
         reader = asyncio.create_task(self._read_stream(requests, answers, token, slots))
         try:
             while (answer := await answers.get()) is not None:
-                yield answer
+                yield await answer
                 slots.release()
         finally:
             reader.cancel()
+            while not answers.empty():  # the call ended early: stop what still runs
+                if (task := answers.get_nowait()) is not None:
+                    task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
@@ -137,40 +144,39 @@ class InferenceServicer:
 
     async def _read_stream(
         self, requests: AsyncIterator[Any],
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None], token: str | None,
-        slots: asyncio.Semaphore,
+        answers: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None],
+        token: str | None, slots: asyncio.Semaphore,
     ) -> None:
-        running: set[asyncio.Task[None]] = set()
+        """Start each request as it is read; its running answer is queued in request order."""
         try:
             while True:
                 await slots.acquire()  # released by ModelStreamInfer once the answer is sent
                 request = await anext(requests, None)
                 if request is None:
                     break
-                task = asyncio.create_task(self._stream_one(request, answers, token))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            await asyncio.gather(*running)
+                answers.put_nowait(asyncio.create_task(self._stream_one(request, token)))
         finally:
-            for task in running:
-                task.cancel()
             answers.put_nowait(None)
 
-    async def _stream_one(
-        self, request: Any, answers: asyncio.Queue[pb.ModelStreamInferResponse | None],
-        token: str | None,
-    ) -> None:
+    async def _stream_one(self, request: Any, token: str | None) -> pb.ModelStreamInferResponse:
+        """One stream request's answer: its response, or an error that names the request (id,
+        model) as Triton's do; both marked `triton_final_response` (one answer per request)."""
         try:
             if self.auth is not None:
                 self.auth.check(token, Action.INFER, request.model_name)
-            response = await self._infer(request, None)
-            answers.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            answer = pb.ModelStreamInferResponse(
+                infer_response=await self._infer(request, None))
         except ServalError as exc:
-            _, message, _ = grpc_error(exc, "ModelStreamInfer")
-            answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
+            answer = _stream_error(request, grpc_error(exc, "ModelStreamInfer")[1])
         except Exception as exc:
-            _, message, _ = unexpected_grpc_error(exc, "ModelStreamInfer")
-            answers.put_nowait(pb.ModelStreamInferResponse(error_message=message))
+            answer = _stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
+        answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+        return answer
+
+
+def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+        id=request.id, model_name=request.model_name, model_version=request.model_version))
 
 
 async def _answer(context: Context, rpc: str, build: Callable[[], Reply]) -> Reply:
