@@ -88,6 +88,8 @@ class TensorConfig(_Strict):
     name: str = Field(min_length=1)
     datatype: DatatypeName
     dims: list[int] = Field(default_factory=list)
+    labels: list[str] | None = Field(
+        None, description="an output's class labels by index (classification extension)")
 
     @field_validator("dims")
     @classmethod
