@@ -18,6 +18,7 @@ from serval.errors import (
     PermissionDenied,
     ServalError,
 )
+from serval.protocol.classification import classify
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
@@ -274,9 +275,10 @@ class DataPlane:
                 stats.record_request("cancelled", time.perf_counter_ns() - received_ns)
                 raise
             stats.record_request("success", time.perf_counter_ns() - received_ns)
-            return InferResponse(
-                name, served.version, _select_outputs(outputs, request), request.id
-            )
+            selected = _select_outputs(outputs, request)
+            if request.outputs and any(o.class_count for o in request.outputs):
+                selected = _classified(selected, request, served, metadata)
+            return InferResponse(name, served.version, selected, request.id)
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry
@@ -361,6 +363,28 @@ def _select_outputs(outputs: TensorDict, request: InferRequest) -> TensorDict:
     if not request.outputs:
         return outputs
     return {output.name: outputs[output.name] for output in request.outputs}
+
+
+def _classified(outputs: TensorDict, request: InferRequest, served: ServedModel,
+                metadata: ModelMetadata) -> TensorDict:
+    """Outputs asked for with a class count, replaced by their top classes (BYTES)."""
+    counts = {o.name: o.class_count for o in request.outputs or () if o.class_count}
+    return {name: classify(array, counts[name], metadata.max_batch_size > 0,
+                           output_labels(served, name), name) if name in counts else array
+            for name, array in outputs.items()}
+
+
+def output_labels(served: ServedModel, output: str) -> list[str] | None:
+    """The class labels of one output: the output's own `labels` in the model's config (what
+    Triton's label_filename gives), else the model's `labels`; None without any."""
+    config = served.spec.config if served.spec else None
+    if config is None:
+        return None
+    for tensor in config.outputs:
+        if tensor.name == output and tensor.labels is not None:
+            return tensor.labels
+    labels: list[str] | None = getattr(config, "labels", None)
+    return labels
 
 
 def _require_metadata(served: ServedModel) -> ModelMetadata:

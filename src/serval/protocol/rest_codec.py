@@ -10,6 +10,7 @@ import orjson
 
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import as_text, tensor_from_raw, tensor_to_raw
+from serval.protocol.classification import class_count
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
 from serval.protocol.shapes import check_shape
 from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
@@ -283,7 +284,9 @@ def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
             raise InvalidInput("each requested output must be an object with a 'name' string")
         params = _object_field(item, "parameters", f"output '{item['name']}'")
         binary = params.get("binary_data")
-        requested.append(RequestedOutput(item["name"], None if binary is None else bool(binary)))
+        requested.append(RequestedOutput(
+            item["name"], None if binary is None else bool(binary),
+            class_count(params.get("classification", 0), item["name"])))
     return requested
 
 

@@ -26,10 +26,12 @@ class TensorSpec:
 
 @dataclass(slots=True)
 class RequestedOutput:
-    """An output the client asked for; binary=None follows the request's default."""
+    """An output the client asked for; binary=None follows the request's default; a class
+    count > 0 asks for its top classes instead of the tensor (classification extension)."""
 
     name: str
     binary: bool | None = None
+    class_count: int = 0
 
 
 @dataclass(slots=True)

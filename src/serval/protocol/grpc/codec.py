@@ -9,6 +9,7 @@ import numpy as np
 
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
+from serval.protocol.classification import class_count
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.shapes import check_shape
@@ -32,7 +33,7 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
         inputs[tensor.name] = _decode_input(tensor, raw[index] if raw else None)
     return InferRequest(
         inputs=inputs,
-        outputs=[RequestedOutput(output.name) for output in message.outputs] or None,
+        outputs=[_requested_output(output) for output in message.outputs] or None,
         id=message.id or None,
         parameters={key: _parameter(value) for key, value in message.parameters.items()},
         binary_output=True,
@@ -49,6 +50,15 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
         message.raw_output_contents.append(tensor_to_raw(array))
     return message
+
+
+def _requested_output(output: Any) -> RequestedOutput:
+    """A requested output; its `classification` parameter (tritonclient's class_count, an
+    int64_param) asks for the top classes instead of the tensor."""
+    count = 0
+    if "classification" in output.parameters:
+        count = class_count(_parameter(output.parameters["classification"]), output.name)
+    return RequestedOutput(output.name, class_count=count)
 
 
 def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
