@@ -19,7 +19,7 @@ def openapi_document() -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/v2": {"get": _get("Server metadata", "ServerMetadata", [])},
         "/v2/health/live": {"get": _probe("Liveness")},
-        "/v2/health/ready": {"get": _probe("Readiness: 200 once every model is loaded")},
+        "/v2/health/ready": {"get": _readiness()},
         "/v2/models/stats": {"get": _get("Statistics of every model", "Statistics", [])},
         "/v2/repository/index": {"post": _repository_index()},
         "/v2/repository/models/{model}/load": {"post": _repository_action("Load or reload")},
@@ -30,7 +30,7 @@ def openapi_document() -> dict[str, Any]:
     for prefix, params in (("/v2/models/{model}", [_MODEL]),
                            ("/v2/models/{model}/versions/{version}", [_MODEL, _VERSION])):
         paths[prefix] = {"get": _get("Model metadata", "ModelMetadata", params)}
-        paths[prefix + "/ready"] = {"get": _get("Model readiness", "ModelReady", params, 503)}
+        paths[prefix + "/ready"] = {"get": _model_readiness(params)}
         paths[prefix + "/config"] = {"get": _get("Model configuration", "Object", params)}
         paths[prefix + "/stats"] = {"get": _get("Model statistics", "Statistics", params)}
         paths[prefix + "/infer"] = {"post": _infer(params)}
@@ -78,6 +78,23 @@ def _probe(summary: str) -> dict[str, Any]:
     empty = {"content": {"text/plain": {"schema": {"type": "string", "maxLength": 0}}}}
     return {"summary": summary, "responses": {"200": {"description": "yes", **empty},
                                               "503": {"description": "no", **empty}}}
+
+
+def _readiness() -> dict[str, Any]:
+    """Strict readiness (the default): 503, with why, while a model that should serve does not."""
+    probe = _probe("Readiness: 200 while started and (strict readiness) every model that "
+                   "should serve is READY")
+    probe["responses"]["503"] = {"description": "no: starting, draining, or models that "
+                                 "should serve do not", "content": {
+                                     "application/json": {"schema": _ERROR}}}
+    return probe
+
+
+def _model_readiness(params: list[dict[str, Any]]) -> dict[str, Any]:
+    """200 ready, 400 not ready (Triton's status, a 4xx as KServe asks), unknown ones too."""
+    operation = _get("Model readiness", "ModelReady", params)
+    operation["responses"]["400"] = _json_response("ModelReady", "Not ready, or not known")
+    return operation
 
 
 def _metrics() -> dict[str, Any]:
