@@ -373,12 +373,17 @@ class ModelRegistry:
     # readiness ----------------------------------------------------------------------------------
 
     def not_serving(self, names: Iterable[str]) -> list[str]:
-        """Why these models do not all serve: each version their policy selects that is not
-        READY. An evicted version reloads on demand and a version loading beside a ready one
-        (a hot swap) still serves, so neither counts; a pipeline needs its steps too."""
+        """Why these models do not all serve: a model whose policy selects no version, and
+        each selected version that is not READY. An evicted version reloads on demand and a
+        version loading beside a ready one (a hot swap) still serves, so neither counts; a
+        pipeline needs its steps too."""
         problems = []
         for name in names:
             versions = self._models.get(name, {})
+            if versions and not self._selected.get(name):  # as Triton: nothing to serve
+                reasons = "; ".join(s.reason for s in versions.values())
+                problems.append(f"model '{name}' has no version to serve: {reasons}")
+                continue
             serving = any(s.state is ModelState.READY for s in versions.values())
             for version in self._selected.get(name, ()):
                 served = versions.get(version)

@@ -68,6 +68,16 @@ def test_a_failed_version_does_not_serve_and_an_evicted_one_does(tmp_path: Path)
     _run(tmp_path, check)
 
 
+def test_a_model_with_no_version_to_serve_does_not_serve(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+
+    async def check(registry: ModelRegistry) -> None:
+        (problem,) = registry.not_serving(["empty"])
+        assert problem.startswith("model 'empty' has no version to serve")
+
+    _run(tmp_path, check)
+
+
 def test_a_pipeline_loads_its_steps_and_serves_while_they_do(tmp_path: Path) -> None:
     fixture_models.linear(tmp_path)
     _pipeline(tmp_path, "chain", "linear")
