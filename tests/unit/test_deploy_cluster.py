@@ -273,15 +273,33 @@ def test_proxy_config_names_the_headless_service_and_the_nodes_ports() -> None:
     assert service_ports == ports
 
 
-def test_autoscalers_stay_within_the_proxies_slots() -> None:
-    slots = int(_proxy_flags()["--slots"])
+def _a_records_per_answer(config: str, name: str) -> int:
+    """How many A records of `name` fit in the DNS answers the proxy accepts: HAProxy announces
+    512 bytes (EDNS0) unless its resolvers set accepted_payload_size, and a truncated answer
+    fails the whole resolution (checked with HAProxy 2.6 and a truncating DNS server: past
+    this count, every server-template slot lost its address ~30 s later)."""
+    size = re.search(r"^\s*accepted_payload_size (\d+)", config, re.MULTILINE)
+    payload = int(size[1]) if size else 512
+    question = sum(len(label) + 1 for label in name.split(".")) + 1 + 4
+    header, opt, record = 12, 11, 16  # an A record: name pointer, type, class, TTL, length, IP
+    return (payload - header - question - opt) // record
+
+
+def test_a_records_per_answer_for_the_default_payload() -> None:
+    assert _a_records_per_answer("resolvers dns\n", "serval-node.serval.svc.cluster.local") == 27
+    assert _a_records_per_answer("    accepted_payload_size 8192\n", "a.b") > 500
+
+
+def test_autoscalers_stay_within_what_the_proxies_can_address() -> None:
+    flags = _proxy_flags()
+    limit = min(int(flags["--slots"]), _a_records_per_answer(_config(), flags["--dns"]))
     hpa = _one("HorizontalPodAutoscaler", "serval-node")["spec"]
     keda = _one("ScaledObject", "serval-node")["spec"]
     for target in (hpa["scaleTargetRef"], keda["scaleTargetRef"]):
         assert (target["apiVersion"], target["kind"], target["name"]) == (
             "apps/v1", "StatefulSet", "serval-node")
-    assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"] <= slots
-    assert 2 <= keda["minReplicaCount"] <= keda["maxReplicaCount"] <= slots
+    assert 2 <= hpa["minReplicas"] <= hpa["maxReplicas"] <= limit
+    assert 2 <= keda["minReplicaCount"] <= keda["maxReplicaCount"] <= limit
     # the autoscaler owns the count: an apply must not reset it
     assert "replicas" not in _one("StatefulSet", "serval-node")["spec"]
 
