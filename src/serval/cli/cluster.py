@@ -67,7 +67,10 @@ def up_command(
                           threads=proxy_threads))
     except ValueError as exc:
         fail(str(exc), 2)
-    cluster = LocalCluster(spec)
+    try:
+        cluster = LocalCluster(spec)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -83,6 +83,8 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec) -> None:
         if spec.nodes < 1:
             raise ConfigError("a cluster needs at least one node")
+        if spec.node_cpus is not None and spec.node_cpus <= 0:
+            raise ConfigError(f"--node-cpus must be > 0 (got {spec.node_cpus})")
         self.spec = spec
         self.run_dir = spec.run_dir or run_dir_for(spec.http_port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +101,9 @@ class LocalCluster:
 
     def start(self) -> None:
         """Every node ready, then the proxy listening; ConfigError/OSError if one cannot."""
+        for port in (self.spec.http_port, self.spec.grpc_port):
+            if port and not _can_bind(self.spec.host, port):
+                raise ConfigError(f"the proxy's port {port} is in use on {self.spec.host}")
         shares = plan_shares(self.spec.nodes, self.spec.node_cpus, self.run_dir.name)
         try:
             for share in shares:
@@ -108,7 +113,7 @@ class LocalCluster:
             self._write_config()
             self.proxy.start()
             if not self.api.wait_ready(30.0) or not self.proxy.alive():
-                raise ConfigError("HAProxy did not start: see " + str(self.proxy.log))
+                raise ConfigError(f"HAProxy did not start: {_tail(self.proxy.log)}")
             self._save_state()
         except BaseException:
             self.stop()
@@ -282,6 +287,16 @@ def read_state(http_port: int) -> dict[str, object] | None:
         if isinstance(pid, int) and _pid_alive(pid):
             return dict(state)
     return None
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _pid_alive(pid: int) -> bool:

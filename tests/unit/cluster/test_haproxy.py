@@ -120,7 +120,7 @@ def test_duplicate_names_or_ids_and_a_low_balance_factor_are_refused() -> None:
         render(ProxySettings(), [NODES[0], Node("a", "10.0.0.9", 8000, id=9)])
     with pytest.raises(ValueError, match="ids must be unique"):
         render(ProxySettings(), [NODES[0], Node("z", "10.0.0.9", 8000, id=1)])
-    with pytest.raises(ValueError, match="balance_factor"):
+    with pytest.raises(ValueError, match="balance factor"):
         ProxySettings(balance_factor=100)
 
 
