@@ -117,7 +117,8 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         if self.balance_factor and self.balance_factor <= 100:
-            raise ValueError("the balance factor must be > 100 (percent of the average load) or 0 (off)")
+            raise ValueError("the balance factor must be > 100 (percent of the average load) "
+                             "or 0 (off)")
         if self.hot_rate < 1:
             raise ValueError("the hot rate must be >= 1 request per second")
         if self.retries < 0 or self.threads < 1:
