@@ -111,7 +111,7 @@ class LocalCluster:
             for node in self.nodes:
                 self._wait_ready(node)
             self._write_config()
-            self.proxy.start()
+            self.proxy.start(preexec=die_with_parent)
             if not self.api.wait_ready(30.0) or not self.proxy.alive():
                 raise ConfigError(f"HAProxy did not start: {_tail(self.proxy.log)}")
             self._save_state()
@@ -227,7 +227,7 @@ class LocalCluster:
         with open(self.run_dir / f"{node.name}.log", "ab") as out:
             local.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=share.enter if share else None)
+                start_new_session=True, preexec_fn=lambda: _child_setup(share))
         local.share = share
         return local
 
@@ -287,6 +287,22 @@ def read_state(http_port: int) -> dict[str, object] | None:
         if isinstance(pid, int) and _pid_alive(pid):
             return dict(state)
     return None
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM it when the process that started it dies (a `cluster
+    up` killed with -9 leaves no node or proxy behind). Linux only; elsewhere a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _child_setup(share: CpuShare | None) -> None:
+    die_with_parent()
+    if share is not None:
+        share.enter()
 
 
 def _can_bind(host: str, port: int) -> bool:
