@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from serval.config import ModelConfig, load_model_config
+from serval.config import ModelConfig, ServerConfig, check_node_name, load_model_config
 from serval.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -135,3 +137,32 @@ def test_config_override_is_validated_like_the_file(tmp_path: Path) -> None:
     assert load_model_config(path, {"max_batch_size": 4}).max_batch_size == 4
     with pytest.raises(ConfigError, match="instances"):
         load_model_config(path, {"instances": 0})
+
+
+def test_node_names_are_checked(tmp_path: Path) -> None:
+    for name in ("node-1", "a", "10.0.0.7:8000", "n_1.rack.dc", "x" * 64):
+        assert ServerConfig(repository=tmp_path, node_name=name).resolved_node_name() == name
+    for name in ("", "x" * 65, "two words", "n\r\nset-cookie: a", "ünï", "a/b"):
+        with pytest.raises(ValidationError, match="1 to 64 characters"):
+            ServerConfig(repository=tmp_path, node_name=name)
+
+
+def test_no_node_name_is_the_host_name_when_it_is_a_valid_one(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    config = ServerConfig(repository=tmp_path)
+    try:
+        check_node_name(host)
+    except ValueError:
+        with pytest.raises(ConfigError, match="--node-name"):
+            config.resolved_node_name()
+    else:
+        assert config.resolved_node_name() == host
+
+
+def test_the_agent_port_is_a_port_of_its_own(tmp_path: Path) -> None:
+    assert ServerConfig(repository=tmp_path, agent_port=9000).agent_port == 9000
+    for port in (8000, 8001):
+        with pytest.raises(ValidationError, match="also the HTTP or gRPC port"):
+            ServerConfig(repository=tmp_path, agent_port=port)
+    with pytest.raises(ValidationError):
+        ServerConfig(repository=tmp_path, drain_delay_s=-1)

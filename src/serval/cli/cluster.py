@@ -19,7 +19,7 @@ from serval.cluster import control
 from serval.cluster.haproxy import Discovery, Node, ProxySettings, render
 from serval.cluster.local import ClusterSpec, LocalCluster, read_state, run_dir_for
 from serval.cluster.proxy import RuntimeApi
-from serval.cluster.status import cluster_status
+from serval.cluster.status import NodeStatus, cluster_status
 from serval.errors import ConfigError
 
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
@@ -67,7 +67,10 @@ def up_command(
                           threads=proxy_threads))
     except ValueError as exc:
         fail(str(exc), 2)
-    cluster = LocalCluster(spec)
+    try:
+        cluster = LocalCluster(spec)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -223,16 +226,21 @@ def status_command(
         nodes = cluster_status(RuntimeApi(stats_socket), pids, token)
     except OSError as exc:
         fail(f"cannot reach the proxy's runtime API: {exc.strerror or exc}", 1)
-    rows = Rows([Column("node", "node"), Column("address", "address"),
-                 Column("pid", "pid", True), Column("health", "health"),
-                 Column("in_flight", "in flight", True), Column("requests", "requests", True),
-                 Column("spilled", "spilled", True), Column("errors", "errors", True),
-                 Column("resident_models", "models", True),
-                 Column("hit_rate", "hit rate", True)],
-                title=f"cluster behind port {http_port}")
-    for n in nodes:
-        rows.add(cell(n.name), cell(n.address), cell(n.pid), cell(n.health),
-                 cell(n.in_flight, "{:,}"), cell(n.requests, "{:,}"), cell(n.spilled, "{:,}"),
-                 cell(n.errors, "{:,}"), cell(n.resident_models, "{:,}"),
-                 cell(n.hit_rate, "{:.1%}"))
-    emit(rows, OutputFormat.json if json_output else output, Console())
+    output = OutputFormat.json if json_output else output
+    if output is OutputFormat.table:  # 80 columns: errors fold into health; pids in --json
+        rows = Rows([Column("node", "node"), Column("address", "address"),
+                     Column("health", "health"), Column("requests", "requests", True),
+                     Column("hot", "hot", True), Column("resident_models", "models", True),
+                     Column("hit_rate", "hit rate", True)],
+                    title=f"cluster behind port {http_port}",
+                    caption="hot: requests for models busy enough to spread over nodes")
+        for n in nodes:
+            health = n.health + (f" ({n.errors:,} errors)" if n.errors else "")
+            rows.add(cell(n.name), cell(n.address), cell(health), cell(n.requests, "{:,}"),
+                     cell(n.hot, "{:,}"), cell(n.resident_models, "{:,}"),
+                     cell(n.hit_rate, "{:.1%}"))
+    else:
+        rows = Rows([Column(key, key) for key in NodeStatus.__dataclass_fields__])
+        for n in nodes:
+            rows.add(*(cell(getattr(n, key)) for key in NodeStatus.__dataclass_fields__))
+    emit(rows, output, Console())

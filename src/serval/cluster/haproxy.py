@@ -117,11 +117,12 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         if self.balance_factor and self.balance_factor <= 100:
-            raise ValueError("balance_factor must be > 100 (or 0 for off)")
+            raise ValueError("the balance factor must be > 100 (percent of the average load) "
+                             "or 0 (off)")
         if self.hot_rate < 1:
-            raise ValueError("hot_rate must be >= 1 request per second")
+            raise ValueError("the hot rate must be >= 1 request per second")
         if self.retries < 0 or self.threads < 1:
-            raise ValueError("retries must be >= 0 and threads >= 1")
+            raise ValueError("retries must be >= 0 and proxy threads >= 1")
 
 
 def render(settings: ProxySettings, nodes: list[Node] | Discovery) -> str:

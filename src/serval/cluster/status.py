@@ -20,7 +20,7 @@ class NodeStatus:
     health: str  # the proxy's view: UP, DOWN, DRAIN, MAINT...
     in_flight: int  # requests on it now, through the proxy
     requests: int  # sent to it by the proxy so far (both transports)
-    spilled: int  # of those, sent as a hot model's spill (the spread backends)
+    hot: int  # of those, for a model hot enough to spread over nodes (bounded load)
     errors: int
     resident_models: int | None  # None: the node did not answer
     hit_rate: float | None  # requests whose model was already loaded

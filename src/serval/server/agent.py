@@ -68,21 +68,24 @@ def agent_reply(draining: bool, ready: bool, weight: int | None) -> bytes:
 
 
 class NodeState:
-    """What the agent reports: the data plane's readiness and load, and whether the node is
-    draining (set by stop_server, before anything closes)."""
+    """What the agent reports: the data plane's readiness and load (no data plane yet: the
+    models are loading, not ready), and whether the node is draining (set by stop_server,
+    before anything closes)."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane | None = None) -> None:
         self.dataplane = dataplane
         self.draining = False
 
     def reply(self, request: bytes) -> bytes:
         dataplane = self.dataplane
+        ready = dataplane is not None and dataplane.ready()
         weight = None
-        if not self.draining and dataplane.ready() and wants_weight(request):
+        if ready and not self.draining and wants_weight(request):
+            assert dataplane is not None
             registry = dataplane.registry
             weight = capacity_weight(dataplane.inflight, dataplane.max_inflight,
                                      registry.resident_bytes, registry.memory_budget_bytes)
-        return agent_reply(self.draining, dataplane.ready(), weight)
+        return agent_reply(self.draining, ready, weight)
 
 
 class _AgentConnection(asyncio.Protocol):

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,8 @@ from serval.repository.watcher import watch_repository
 from serval.server.agent import AgentServer, NodeState
 from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
-from serval.server.http.wire import ServerHeaders
 from serval.server.http.ui.status import ServerStatus
+from serval.server.http.wire import ServerHeaders
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
 
@@ -156,22 +157,28 @@ class Server:
 
 async def start_server(config: ServerConfig, *, reuse_port: bool = False,
                        freeze_gc: bool = False) -> Server:
-    """Bind the HTTP port first (a port in use fails before any model loads), build the
-    stack, listen on both transports, then report ready. OSError when a port cannot be
-    bound; ConfigError for a bad tokens file or TLS pair.
+    """Bind the HTTP port first (a port in use fails before any model loads) and start the
+    agent check (`down#not ready` until the end), build the stack, listen on both transports,
+    then report ready. OSError when a port cannot be bound; ConfigError for a bad tokens file
+    or TLS pair, or no valid node name.
 
     `freeze_gc` (a serving process): the loaded models and module state are moved out of
     the cycle collector's reach before the first request."""
     headers = own_headers(config)
     sock = bind_socket(config.host, config.http_port, reuse_port)
-    agent_sock = None
-    if config.agent_port:
-        try:
-            agent_sock = bind_socket(config.host, config.agent_port, reuse_port)
-        except OSError:
-            sock.close()
-            raise
-    stack = await build_stack(config)
+    node = NodeState()  # the agent answers `down#not ready` while the models load
+    agent = None
+    try:
+        if config.agent_port:
+            agent = AgentServer(node.reply)
+            await agent.start(_bind_agent(config, reuse_port))
+        stack = await build_stack(config)
+    except BaseException:
+        sock.close()
+        if agent is not None:
+            agent.close()
+        raise
+    node.dataplane = stack.dataplane
     guards = stack.guards
     tracker = ConnectionTracker()
     http_headers = ServerHeaders([(name.encode(), value.encode()) for name, value in headers])
@@ -188,16 +195,19 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
             reuse_port=reuse_port, auth=stack.auth,
             tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key
             else None, own_headers=headers)
-    node = NodeState(stack.dataplane)
-    agent = None
-    if agent_sock is not None:
-        agent = AgentServer(node.reply)
-        await agent.start(agent_sock)
     if freeze_gc:
         gc.collect()
         gc.freeze()
     stack.dataplane.set_ready(True)
     return Server(stack, http, tracker, grpc, node, agent)
+
+
+def _bind_agent(config: ServerConfig, reuse_port: bool) -> socket.socket:
+    try:
+        return bind_socket(config.host, config.agent_port, reuse_port)
+    except OSError as exc:
+        raise OSError(f"cannot listen on {config.host}:{config.agent_port} (--agent-port): "
+                      f"{exc.strerror or exc}") from None
 
 
 async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> None:
