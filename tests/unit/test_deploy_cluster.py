@@ -7,10 +7,12 @@ with the nodes, Services and autoscalers, and the autoscalers read a metric Serv
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ pytestmark = pytest.mark.unit
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 CLUSTER = DEPLOY / "k8s" / "cluster"
+SOURCE = DEPLOY.parent / "src"
 NAMESPACE = "serval"
 # the oldest Kubernetes the manifests are for (autoscaling/v2, policy/v1 and the rest are GA
 # there) and the newest whose schemas the installed kubernetes-validate ships
@@ -230,6 +233,25 @@ def test_proxy_config_is_what_serval_cluster_proxy_config_generates() -> None:
     assert _config() == result.output, (
         "base/haproxy-config.yaml drifted from the generator: run "
         "deploy/k8s/cluster/render-proxy-config.sh")
+
+
+def test_render_script_reproduces_the_committed_files(tmp_path: Path) -> None:
+    bash = shutil.which("bash")
+    if bash is None or shutil.which("sha256sum") is None:
+        pytest.skip("bash and coreutils are needed to run render-proxy-config.sh")
+    copy = tmp_path / "cluster"
+    shutil.copytree(CLUSTER, copy)
+    serval = tmp_path / "serval"  # this interpreter's serval, whatever is on PATH
+    serval.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m serval "$@"\n')
+    serval.chmod(0o755)
+    env = {**os.environ, "SERVAL": str(serval),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE),
+                                                       os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([bash, str(copy / "render-proxy-config.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in ("haproxy-config.yaml", "proxy.yaml"):
+        assert (copy / "base" / name).read_text() == (CLUSTER / "base" / name).read_text(), name
 
 
 def test_proxy_pods_roll_when_the_config_changes() -> None:
