@@ -10,6 +10,7 @@ SERVAL=${SERVAL:-serval}
 # The nodes' headless Service (nodes.yaml) in the kustomization's namespace; slots = the most
 # nodes (the autoscalers' maximum); the nodes' ports as nodes.yaml opens them.
 ARGS=(cluster proxy-config --dns serval-node.serval.svc.cluster.local --slots 64
+      --statefulset serval-node
       --node-http-port 8000 --node-grpc-port 8001 --node-agent-port 8002
       --host 0.0.0.0 --http-port 8000 --grpc-port 8001 --stats-port 8404 --proxy-threads 4)
 config=$("$SERVAL" "${ARGS[@]}"; echo .)
