@@ -3,6 +3,7 @@ carries and auto_complete_config edits), and the metadata Serval serves from it.
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -22,7 +23,8 @@ def triton_model_config(spec: ModelVersionSpec) -> dict[str, Any]:
     Python model sees; built from Serval's ModelConfig (config.yaml).
 
     Where the model folder has a config.pbtxt (issue 18, item 1), its parsed JSON form is the
-    one to return here, as read: the rest of the backend only reads this dict.
+    one to return here, through as_python_model_config: the rest of the backend only reads
+    this dict.
     """
     config = spec.config
     max_batch_size = config.max_batch_size or 0
@@ -49,7 +51,28 @@ def triton_model_config(spec: ModelVersionSpec) -> dict[str, Any]:
             "preferred_batch_size": list(config.batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": int(config.batching.max_queue_delay_ms * 1000),
         }
+    return as_python_model_config(result)
+
+
+def as_python_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a config in Triton's JSON form as Triton hands it to a Python model: `input`,
+    `output` and `max_batch_size` present, dims as integers (protobuf's JSON mapping writes
+    int64 fields such as dims as strings)."""
+    result = copy.deepcopy(model_config)
+    result.setdefault("max_batch_size", 0)
+    for kind in ("input", "output"):
+        tensors = result.setdefault(kind, [])
+        for tensor in tensors if isinstance(tensors, list) else []:
+            if isinstance(tensor, dict) and isinstance(tensor.get("dims"), list):
+                tensor["dims"] = [_integer(d) for d in tensor["dims"]]
     return result
+
+
+def _integer(value: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value  # metadata_from_config names the tensor whose dims are wrong
 
 
 def initialize_args(spec: ModelVersionSpec, model_config: dict[str, Any]) -> dict[str, str]:
