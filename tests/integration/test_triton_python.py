@@ -209,6 +209,6 @@ def test_a_decoupled_model_is_refused_with_a_clear_reason(
     server = server_factory(tmp_path, "--allow-python-models")
     client = httpclient.InferenceServerClient(server.url)
     assert client.is_model_ready("add_sub") and not client.is_model_ready("decoupled")
-    with pytest.raises(InferenceServerException, match="decoupled models .* not supported yet"):
+    with pytest.raises(InferenceServerException, match=r"decoupled models .* not supported yet"):
         client.infer("decoupled", [_input(httpclient, "IN", np.ones((1, 1), np.float32),
                                           "FP32")])

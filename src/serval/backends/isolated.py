@@ -288,7 +288,7 @@ def send_requests(conn: Connection, requests: Sequence[InferRequest]) -> None:
         send_tensors(conn, request.inputs)
 
 
-def _recv_requests(conn: Connection, heads: list[tuple[Any, ...]]) -> list[InferRequest]:
+def recv_requests(conn: Connection, heads: list[tuple[Any, ...]]) -> list[InferRequest]:
     requests = []
     for request_id, parameters, outputs in heads:
         requests.append(InferRequest(
@@ -350,7 +350,7 @@ def _serve_child(conn: Connection, model: LoadedModel) -> None:
         if kind == _STOP:
             return
         if kind == _REQUESTS:
-            _answer_requests(conn, model, _recv_requests(conn, message[1]))
+            _answer_requests(conn, model, recv_requests(conn, message[1]))
             continue
         inputs = _read_arrays(conn, message[1])
         try:

@@ -108,7 +108,7 @@ def test_auto_complete_fills_the_config_and_initialize_gets_args(tmp_path: Path)
 
 def test_decoupled_models_are_refused_at_load(tmp_path: Path) -> None:
     folder = models.write(tmp_path, "dec", models.DECOUPLED, models.AUTO_CONFIG)
-    with pytest.raises(ConfigError, match="decoupled models .* not supported yet"):
+    with pytest.raises(ConfigError, match=r"decoupled models .* not supported yet"):
         load(folder)
 
 

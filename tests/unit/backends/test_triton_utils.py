@@ -22,7 +22,7 @@ def test_tensors_carry_their_name_array_and_triton_dtype() -> None:
 
 
 def test_a_str_array_is_refused_as_triton_does() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="np.object_"):
+    with pytest.raises(pb_utils.TritonModelException, match=r"np\.object_"):
         pb_utils.Tensor("S", np.array(["a", "b"]))
 
 
