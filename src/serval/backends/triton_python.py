@@ -113,8 +113,8 @@ class TritonModel:
         with self._lock:
             responses = self._instance.execute(pb_requests)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
-            got = len(responses) if isinstance(responses, list | tuple) else \
-                type(responses).__name__
+            got = (len(responses) if isinstance(responses, list | tuple)
+                   else type(responses).__name__)
             raise BackendError(f"model '{self._name}': execute() must return one "
                                f"InferenceResponse per request ({len(requests)}), got {got}")
         return [self._result(response, pb_request.requested_output_names())

@@ -332,8 +332,8 @@ class ModelConfig:
         self._add_tensor("output", output)
 
     def _add_tensor(self, kind: str, tensor: dict[str, Any]) -> None:
-        where = f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model " \
-                f"'{self._name()}'"
+        where = (f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model "
+                 f"'{self._name()}'")
         unknown = sorted(set(tensor) - set(_TENSOR_PROPERTIES))
         if unknown:
             raise ValueError(f"{where} has properties other than name, data_type, dims, "
