@@ -9,6 +9,7 @@ requests.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import uuid
@@ -66,7 +67,8 @@ class PythonBackend(EngineBackend):
     async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
         """Refused at once without --allow-python-models; a Triton model in a worker process."""
         self._check_allowed(spec)
-        if spec.config.isolation != "process" and defines_triton_model(spec.path / MODEL_FILE):
+        if spec.config.isolation != "process" and await asyncio.to_thread(
+                defines_triton_model, spec.path / MODEL_FILE):
             return await context.batch_engine(IsolatedBackend(self), spec)
         return await super().serve(spec, context)
 
