@@ -77,10 +77,13 @@ class PythonBackend(EngineBackend):
         path = spec.path / MODEL_FILE
         if not path.is_file():
             raise ConfigError(f"{path}: not found (a Python model needs model.py)")
-        module = _import(path)
-        triton_class = getattr(module, TRITON_CLASS_NAME, None)
-        if triton_class is not None:
+        if defines_triton_model(path):  # as Triton: modules beside model.py are importable
+            module = _import(path, search_paths=(spec.path, spec.path.parent))
+            triton_class = getattr(module, TRITON_CLASS_NAME, None)
+            if not isinstance(triton_class, type):
+                raise ConfigError(f"{path}: {TRITON_CLASS_NAME} is not a class once imported")
             return load_triton_model(triton_class, spec, path.stat().st_size)
+        module = _import(path)
         metadata = declared_metadata(spec, "python")
         model_class = getattr(module, CLASS_NAME, None)
         if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
@@ -123,15 +126,17 @@ class PythonModel:
             unload()
 
 
-def _import(path: Path) -> Any:
+def _import(path: Path, search_paths: tuple[Path, ...] = ()) -> Any:
     """model.py as a fresh module (a unique name per load), `triton_python_backend_utils`
-    importable from it."""
+    importable from it, and the modules of `search_paths` (appended to sys.path: a Triton
+    model has its worker process to itself)."""
     module_name = f"serval_user_model_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
     provide_utils()
+    sys.path.extend(str(p) for p in search_paths if str(p) not in sys.path)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)

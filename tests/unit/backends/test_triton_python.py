@@ -146,6 +146,17 @@ def test_wrong_answers_from_execute_are_backend_errors(tmp_path: Path) -> None:
         model.infer_requests([InferRequest({"INPUT0": x, "INPUT1": x})])
 
 
+def test_modules_beside_model_py_are_importable_as_in_triton(tmp_path: Path) -> None:
+    source = models.ADD_SUB.replace("import numpy as np\n", "import numpy as np\nimport "
+                                    "addsub_helper\n").replace("(in0 + in1)",
+                                                               "addsub_helper.add(in0, in1)")
+    folder = models.write(tmp_path, "helped", source, models.ADD_SUB_CONFIG.format(
+        datatype="INT32", delay_ms=0))
+    (folder / "1" / "addsub_helper.py").write_text("def add(a, b):\n    return a + b + 100\n")
+    x = np.ones((1, 16), dtype=np.int32)
+    assert load(folder).infer({"INPUT0": x, "INPUT1": x})["OUTPUT0"][0, 0] == 102
+
+
 def test_refused_without_the_flag(tmp_path: Path) -> None:
     folder = models.add_sub(tmp_path)
     spec = ModelVersionSpec("add_sub", "1", folder / "1",
