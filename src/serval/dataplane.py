@@ -215,7 +215,7 @@ class DataPlane:
                 metadata = _require_metadata(served)
                 validate_request(request, metadata, name)
                 assert served.runner is not None
-                outputs = await served.runner.infer(request.inputs, deadline_ns)
+                outputs = await served.runner.infer(request.inputs, deadline_ns, request)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise

@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from serval.protocol.types import TensorDict
+from serval.protocol.types import InferRequest, TensorDict
 
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -21,6 +21,7 @@ class PendingRequest:
     future: asyncio.Future[TensorDict]
     enqueued_ns: int
     deadline_ns: int | None = None
+    request: InferRequest | None = None  # the client's request (engines that take requests)
 
 
 def signature_of(inputs: TensorDict) -> Signature:
