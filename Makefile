@@ -59,7 +59,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Regenerate the committed protobuf modules after editing the .proto (needs the dev extras).
-PROTO := src/serval/protocol/grpc/grpc_service.proto
+PROTO := src/serval/protocol/grpc/model_config.proto src/serval/protocol/grpc/grpc_service.proto
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src $(PROTO)
 
