@@ -71,7 +71,8 @@ SUPPORTED: dict[str, Any] = {
 def read_pbtxt(path: Path) -> mc.ModelConfig:
     """Parse a config.pbtxt; a syntax error or a field the schema lacks is a ConfigError."""
     try:
-        return text_format.Parse(path.read_text(), mc.ModelConfig())
+        parsed: mc.ModelConfig = text_format.Parse(path.read_text(), mc.ModelConfig())
+        return parsed
     except (text_format.ParseError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -136,7 +137,7 @@ def check_supported(message: Message, supported: dict[str, Any], source: str,
             continue
         if field.message_type.GetOptions().map_entry:
             items = [v for v in value.values() if isinstance(v, Message)]
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             items = list(value)
         else:
             items = [value]

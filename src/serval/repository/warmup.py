@@ -51,11 +51,11 @@ def run_warmup(model: LoadedModel, samples: list[WarmupSample]) -> None:
 def _array(datatype: str, shape: tuple[int, ...], random: bool,
            rng: np.random.Generator) -> np.ndarray:
     if datatype == "BYTES":
-        array = np.empty(shape, dtype=object)
         if random:
-            array.flat = [str(v).encode() for v in rng.integers(0, 100, array.size)]
-        else:
-            array.fill(b"")
+            texts = [str(v).encode() for v in rng.integers(0, 100, int(np.prod(shape)))]
+            return np.array(texts, dtype=object).reshape(shape)
+        array = np.empty(shape, dtype=object)
+        array.fill(b"")
         return array
     dtype = numpy_dtype(datatype)
     if not random:
