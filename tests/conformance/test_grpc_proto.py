@@ -62,12 +62,13 @@ from google.protobuf import descriptor_pb2
 module = importlib.import_module(sys.argv[1])
 proto = descriptor_pb2.FileDescriptorProto()
 module.DESCRIPTOR.CopyToProto(proto)
-proto.ClearField("name")
 print(proto.SerializeToString().hex())
 """
 
 
 def test_the_vendored_model_config_schema_is_tritons() -> None:
+    """Byte for byte, its file name included: one process may import both (protobuf's pool
+    takes an identical file twice, and refuses two files defining one symbol)."""
     def schema(module: str) -> str:
         return subprocess.run([sys.executable, "-c", _SCHEMA, module], capture_output=True,
                               text=True, check=True, timeout=60).stdout
