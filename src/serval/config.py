@@ -92,6 +92,8 @@ class TensorConfig(_Strict):
     name: str = Field(min_length=1)
     datatype: DatatypeName
     dims: list[int] = Field(default_factory=list)
+    reshape: list[int] | None = Field(
+        None, description="config.pbtxt: the dims the engine sees (clients send dims)")
 
     @field_validator("dims")
     @classmethod

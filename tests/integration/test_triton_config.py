@@ -62,12 +62,22 @@ NO_WARMUP = 'backend: "onnxruntime"\nmax_batch_size: 8\n'
 WITH_WARMUP = NO_WARMUP + """model_warmup [ { name: "empty strings" batch_size: 1
   inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]
 """
+RESHAPED = """
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } } ]
+"""
 BROKEN = {
     "unknown_field": ('max_batch_size: 8\nfoo: 1\n', "no field named \"foo\""),
     "unsupported_field": ('max_batch_size: 8\nsequence_batching { }\n',
                           "field 'sequence_batching' is not supported"),
     "priority_levels": ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 }\n',
                         "field 'dynamic_batching.priority_levels' is not supported"),
+    "wrong_datatype": ('max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '
+                       'dims: [ 16 ] } ]\n', "data_type INT32 in the config, the model has FP32"),
 }
 
 
@@ -86,6 +96,8 @@ def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  "version_policy: { specific: { versions: [ 1, 3 ] } }\n")
     fixture_models.parse_int(root)
     fixture_models.triton_config(root, "parse_int", NO_WARMUP)
+    fixture_models.add_sub(root, "reshaped")
+    fixture_models.triton_config(root, "reshaped", RESHAPED)
     return root
 
 
@@ -213,3 +225,19 @@ def test_a_configured_warm_up_runs_and_its_failure_refuses_the_load(
     with pytest.raises(InferenceServerException) as failed:
         client.load_model("warm_up_fails")
     assert "model_warmup 'empty strings' failed" in str(failed.value)
+
+
+def test_declared_dims_are_served_and_reshaped_for_the_engine(
+        triton_server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    metadata = client.get_model_metadata("reshaped")
+    assert [list(t.shape) for t in metadata.inputs] == [[-1, 4, 4], [-1, 4, 4]]
+    assert [(t.name, list(t.shape)) for t in metadata.outputs] == [("OUTPUT0", [-1, 4, 4]),
+                                                                    ("OUTPUT1", [-1, 16])]
+    a = np.arange(32, dtype=np.float32).reshape(2, 4, 4)
+    inputs = [grpcclient.InferInput("INPUT0", [2, 4, 4], "FP32"),
+              grpcclient.InferInput("INPUT1", [2, 4, 4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    result = client.infer("reshaped", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)

@@ -12,6 +12,7 @@ from serval.backends.base import Engine, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse
+from serval.repository.declared import as_declared
 from serval.repository.served import ServedModel
 from serval.repository.warmup import run_warmup
 
@@ -48,6 +49,11 @@ class VersionContext:
         (Triton's model_warmup; a failed warm-up refuses the load), and batched on the shared
         engine pool."""
         model = await asyncio.to_thread(engine.load, spec)
+        try:
+            model = as_declared(model, spec.config, f"{spec.path.parent}/config.pbtxt")
+        except ConfigError:
+            model.unload()
+            raise
         if spec.config.warmup:
             try:
                 await asyncio.to_thread(run_warmup, model, spec.config.warmup)

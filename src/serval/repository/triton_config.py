@@ -6,7 +6,8 @@ config.pbtxt alone; config.yaml is then ignored, with a warning naming both file
 
 What maps where: platform/backend -> backend (onnxruntime_onnx, pytorch_libtorch, python,
 openvino; ensemble -> a pipeline whose steps are ensemble_scheduling.step); max_batch_size as is
-(0: no batch axis, dims are the whole shape); input/output -> inputs/outputs (datatype, dims);
+(0: no batch axis, dims are the whole shape); input/output -> inputs/outputs (datatype, dims,
+reshape; checked against the model file and served as declared: repository/declared.py);
 dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds,
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
 timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
@@ -30,6 +31,7 @@ from serval.config import ModelConfig
 from serval.errors import ConfigError
 from serval.protocol.dtypes import DATATYPES
 from serval.protocol.grpc import model_config_pb2 as mc
+from serval.repository.declared import SELF_DESCRIBING
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ _TRITON_NAMES = {"onnxruntime": ("onnxruntime_onnx", "onnxruntime"),
                  "openvino": ("", "openvino"), "pipeline": ("ensemble", "")}
 _MODEL_FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "python": "model.py",
                 "openvino": "model.xml"}
-_TENSOR = {"name": None, "data_type": None, "dims": None, "format": None}
+_TENSOR = {"name": None, "data_type": None, "dims": None, "format": None,
+           "reshape": {"shape": None}}
 # The fields Serval honours, nested as the schema nests them (None: a leaf).
 SUPPORTED: dict[str, Any] = {
     "name": None, "platform": None, "backend": None, "max_batch_size": None,
@@ -101,6 +104,10 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
         raise ConfigError(f"{source}: field 'default_model_filename' "
                           f"'{config.default_model_filename}' is not supported (Serval loads "
                           f"{model_file or 'no file'} for this backend)")
+    if backend not in SELF_DESCRIBING and any(
+            t.HasField("reshape") for t in [*config.input, *config.output]):
+        raise ConfigError(f"{source}: field 'reshape' is supported for "
+                          f"{' and '.join(SELF_DESCRIBING)} models only")
     settings: dict[str, Any] = {
         "backend": backend,
         "max_batch_size": config.max_batch_size,
@@ -172,7 +179,8 @@ def _datatype(value: int, where: str, source: str) -> str:
 def _tensor(tensor: mc.ModelInput | mc.ModelOutput, where: str, source: str
             ) -> dict[str, Any]:
     return {"name": tensor.name, "datatype": _datatype(tensor.data_type, where, source),
-            "dims": list(tensor.dims)}
+            "dims": list(tensor.dims),
+            "reshape": list(tensor.reshape.shape) if tensor.HasField("reshape") else None}
 
 
 def _version_policy(config: mc.ModelConfig) -> dict[str, Any]:

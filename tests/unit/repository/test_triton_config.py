@@ -26,7 +26,7 @@ FULL = """
 name: "m"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } } ]
 output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1, 2 ] label_filename: "labels.txt" } ]
 dynamic_batching {
   preferred_batch_size: [ 4, 2 ]
@@ -52,7 +52,9 @@ def test_every_supported_field_maps_onto_serval_settings(tmp_path: Path) -> None
     (tmp_path / "m" / "labels.txt").write_text("cat\ndog\n")
     config = _map(FULL, tmp_path)
     assert config.backend == "onnxruntime" and config.max_batch_size == 8
-    assert [(t.name, t.datatype, t.dims) for t in config.inputs] == [("INPUT0", "FP32", [16])]
+    assert [(t.name, t.datatype, t.dims, t.reshape) for t in config.inputs] == [
+        ("INPUT0", "FP32", [4, 4], [16])]
+    assert config.outputs[0].reshape is None
     assert [(t.name, t.datatype, t.dims) for t in config.outputs] == [("OUTPUT0", "BYTES",
                                                                         [-1, 2])]
     batching = config.batching
@@ -114,8 +116,8 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
     ("dynamic_batching { priority_levels: 2 }", "field 'dynamic_batching.priority_levels'"),
     ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
      "timeout_action"),
-    ("input [ { name: 'x' data_type: TYPE_FP32 dims: [1] reshape: { shape: [1] } } ]",
-     "field 'input.reshape'"),
+    ("backend: 'python' input [ { name: 'x' data_type: TYPE_FP32 dims: [1] "
+     "reshape: { shape: [] } } ]", "field 'reshape'"),
     ("input [ { name: 'x' data_type: TYPE_FP32 dims: [1] optional: true } ]",
      "field 'input.optional'"),
     ("input [ { name: 'x' data_type: TYPE_BF16 dims: [1] } ]", "TYPE_BF16"),
@@ -151,7 +153,8 @@ def test_the_json_form_has_every_field_and_integers_as_numbers() -> None:
     config = complete(text_format.Parse(FULL, mc.ModelConfig()), "m", "onnxruntime")
     form = triton_json(config)
     assert form["name"] == "m" and form["backend"] == "onnxruntime"
-    assert form["input"][0]["dims"] == [16] and form["input"][0]["format"] == "FORMAT_NONE"
+    assert form["input"][0]["dims"] == [4, 4] and form["input"][0]["format"] == "FORMAT_NONE"
+    assert form["input"][0]["reshape"] == {"shape": [16]}
     assert form["dynamic_batching"]["max_queue_delay_microseconds"] == 1500
     queue = form["dynamic_batching"]["default_queue_policy"]
     assert queue["default_timeout_microseconds"] == 20000
