@@ -45,8 +45,8 @@ _BACKENDS = {"onnxruntime": "onnxruntime", "pytorch": "pytorch", "python": "pyth
 _TRITON_NAMES = {"onnxruntime": ("onnxruntime_onnx", "onnxruntime"),
                  "pytorch": ("pytorch_libtorch", "pytorch"), "python": ("", "python"),
                  "openvino": ("", "openvino"), "pipeline": ("ensemble", "")}
-_MODEL_FILES = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "python": "model.py",
-                "openvino": "model.xml"}
+_MODEL_FILES = {"onnxruntime": ("model.onnx",), "pytorch": ("model.pt", "model.pt2"),
+                "python": ("model.py",), "openvino": ("model.xml", "model.onnx")}
 _TENSOR = {"name": None, "data_type": None, "dims": None, "format": None,
            "reshape": {"shape": None}}
 # The fields Serval honours, nested as the schema nests them (None: a leaf).
@@ -80,6 +80,16 @@ def read_pbtxt(path: Path) -> mc.ModelConfig:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+def parse_json(value: dict[str, Any], source: str) -> mc.ModelConfig:
+    """A config in Triton's JSON form (what get_model_config answers and load_model's `config`
+    sends); a field the schema lacks is a ConfigError naming it."""
+    try:
+        parsed: mc.ModelConfig = json_format.ParseDict(value, mc.ModelConfig())
+        return parsed
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
 def load_pbtxt(model_dir: Path, override: dict[str, object] | None = None) -> ModelConfig:
     """A model folder's config.pbtxt as Serval's ModelConfig (config.yaml beside it ignored)."""
     path = model_dir / PBTXT_FILE
@@ -99,11 +109,11 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
         raise ConfigError(f"{source}: field 'name' is '{config.name}' but the model's folder "
                           f"is '{name}'")
     backend = serval_backend(config, source)
-    model_file = _MODEL_FILES.get(backend)
-    if config.default_model_filename and config.default_model_filename != model_file:
+    model_files = _MODEL_FILES.get(backend, ())
+    if config.default_model_filename and config.default_model_filename not in model_files:
         raise ConfigError(f"{source}: field 'default_model_filename' "
                           f"'{config.default_model_filename}' is not supported (Serval loads "
-                          f"{model_file or 'no file'} for this backend)")
+                          f"{' or '.join(model_files) or 'no file'} for this backend)")
     if backend not in SELF_DESCRIBING and any(
             t.HasField("reshape") for t in [*config.input, *config.output]):
         raise ConfigError(f"{source}: field 'reshape' is supported for "

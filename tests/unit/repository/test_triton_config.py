@@ -15,6 +15,7 @@ from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import scan_model
 from serval.repository.triton_config import (
     complete,
+    parse_json,
     read_pbtxt,
     to_model_config,
     triton_json,
@@ -176,3 +177,10 @@ def test_config_pbtxt_wins_over_config_yaml_and_says_so(tmp_path: Path,
     assert config.max_batch_size == 8 and config.triton is not None
     assert "config.pbtxt" in caplog.text and "config.yaml" in caplog.text
     assert directory.config({"max_batch_size": 2}).max_batch_size == 2  # an override on top
+
+
+def test_the_json_form_reads_back_into_the_same_config() -> None:
+    config = complete(text_format.Parse(FULL, mc.ModelConfig()), "m", "onnxruntime")
+    assert parse_json(triton_json(config), "override") == config
+    with pytest.raises(ConfigError, match=r'override: .*"foo"'):
+        parse_json({"foo": 1}, "override")
