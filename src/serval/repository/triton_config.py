@@ -36,6 +36,7 @@ from serval.repository.declared import SELF_DESCRIBING
 log = logging.getLogger(__name__)
 
 PBTXT_FILE = "config.pbtxt"
+_WARNED_BOTH: set[Path] = set()  # model folders whose config.yaml was reported ignored
 _DATATYPES = {dt.config: dt.name for dt in DATATYPES}
 # Triton's platform and backend names -> (Serval's backend, Triton's platform, Triton's backend)
 _PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch",
@@ -91,9 +92,11 @@ def parse_json(value: dict[str, Any], source: str) -> mc.ModelConfig:
 
 
 def load_pbtxt(model_dir: Path, override: dict[str, object] | None = None) -> ModelConfig:
-    """A model folder's config.pbtxt as Serval's ModelConfig (config.yaml beside it ignored)."""
+    """A model folder's config.pbtxt as Serval's ModelConfig (config.yaml beside it ignored,
+    with a warning once per folder)."""
     path = model_dir / PBTXT_FILE
-    if (model_dir / "config.yaml").exists():
+    if (model_dir / "config.yaml").exists() and model_dir not in _WARNED_BOTH:
+        _WARNED_BOTH.add(model_dir)
         log.warning("both config files present: %s is used, %s is ignored",
                     path, model_dir / "config.yaml", extra={"model": model_dir.name})
     return to_model_config(read_pbtxt(path), model_dir, str(path), override)
@@ -103,21 +106,7 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
                     override: dict[str, object] | None = None) -> ModelConfig:
     """Map a parsed config onto ModelConfig; ConfigError naming any field Serval does not
     honour. `override` is config.yaml settings laid over the result."""
-    check_supported(config, SUPPORTED, source)
-    name = model_dir.name
-    if config.name and config.name != name:
-        raise ConfigError(f"{source}: field 'name' is '{config.name}' but the model's folder "
-                          f"is '{name}'")
-    backend = serval_backend(config, source)
-    model_files = _MODEL_FILES.get(backend, ())
-    if config.default_model_filename and config.default_model_filename not in model_files:
-        raise ConfigError(f"{source}: field 'default_model_filename' "
-                          f"'{config.default_model_filename}' is not supported (Serval loads "
-                          f"{' or '.join(model_files) or 'no file'} for this backend)")
-    if backend not in SELF_DESCRIBING and any(
-            t.HasField("reshape") for t in [*config.input, *config.output]):
-        raise ConfigError(f"{source}: field 'reshape' is supported for "
-                          f"{' and '.join(SELF_DESCRIBING)} models only")
+    backend = check_fields(config, model_dir.name, source)
     settings: dict[str, Any] = {
         "backend": backend,
         "max_batch_size": config.max_batch_size,
@@ -133,13 +122,32 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
     }
     if config.HasField("dynamic_batching"):
         settings["batching"] = _batching(config.dynamic_batching, source)
-    settings["triton"] = triton_json(complete(config, name, backend))
+    settings["triton"] = triton_json(complete(config, model_dir.name, backend))
     try:
         return ModelConfig.model_validate({**settings, **(override or {})})
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])
         raise ConfigError(f"{source}: setting '{where}': {error['msg']}") from None
+
+
+def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
+    """Serval's backend for the config; ConfigError naming a field it cannot honour."""
+    check_supported(config, SUPPORTED, source)
+    if config.name and config.name != name:
+        raise ConfigError(f"{source}: field 'name' is '{config.name}' but the model's folder "
+                          f"is '{name}'")
+    backend = serval_backend(config, source)
+    model_files = _MODEL_FILES.get(backend, ())
+    if config.default_model_filename and config.default_model_filename not in model_files:
+        raise ConfigError(f"{source}: field 'default_model_filename' "
+                          f"'{config.default_model_filename}' is not supported (Serval loads "
+                          f"{' or '.join(model_files) or 'no file'} for this backend)")
+    if backend not in SELF_DESCRIBING and any(
+            t.HasField("reshape") for t in [*config.input, *config.output]):
+        raise ConfigError(f"{source}: field 'reshape' is supported for "
+                          f"{' and '.join(SELF_DESCRIBING)} models only")
+    return backend
 
 
 def check_supported(message: Message, supported: dict[str, Any], source: str,
