@@ -84,6 +84,12 @@ class DataPlane:
             metadata = _require_metadata(served)
         config = served.spec.config if served.spec else None
         batch_dims = 1 if metadata.max_batch_size > 0 else 0
+        if config is not None and config.triton is not None:  # config.pbtxt, as it was read
+            return {**config.triton,
+                    "input": config.triton.get("input") or [
+                        _config_tensor(spec, batch_dims) for spec in metadata.inputs],
+                    "output": config.triton.get("output") or [
+                        _config_tensor(spec, batch_dims) for spec in metadata.outputs]}
         return {
             "name": name,
             "platform": metadata.platform,

@@ -20,13 +20,11 @@ _CONFIG_OF_V2: dict[str, str] = {dt.name: dt.config for dt in DATATYPES}
 
 def triton_model_config(spec: ModelVersionSpec) -> dict[str, Any]:
     """The version's configuration as Triton's JSON form of `ModelConfig`, the dict a Triton
-    Python model sees; built from Serval's ModelConfig (config.yaml).
-
-    Where the model folder has a config.pbtxt (issue 18, item 1), its parsed JSON form is the
-    one to return here, through as_python_model_config: the rest of the backend only reads
-    this dict.
-    """
+    Python model sees: config.pbtxt as it was read when the folder has one, else built from
+    Serval's ModelConfig (config.yaml). The rest of the backend only reads this dict."""
     config = spec.config
+    if config.triton is not None:
+        return as_python_model_config(config.triton)
     max_batch_size = config.max_batch_size or 0
     gpu = config.device.startswith("cuda")
     group: dict[str, Any] = {"name": spec.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",

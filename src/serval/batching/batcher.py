@@ -14,6 +14,7 @@ from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.policy import (
     PendingRequest,
     ServiceTimes,
+    batch_limit,
     batch_ns,
     dispatch_delay_ns,
     expected_wait_ns,
@@ -68,6 +69,9 @@ class Batcher:
         instances: int = 1,
         max_queue_delay_ms: float = 0.0,
         max_queue_size: int | None = None,
+        preferred_batch_sizes: tuple[int, ...] = (),
+        default_timeout_ms: float = 0.0,
+        allow_timeout_override: bool = True,
         executor: ThreadPoolExecutor | None = None,
         clock: Clock = time.perf_counter_ns,
     ) -> None:
@@ -80,6 +84,9 @@ class Batcher:
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
         self._max_queue_size = max_queue_size
+        self._preferred = tuple(sorted(set(preferred_batch_sizes)))
+        self._default_timeout_ns = int(default_timeout_ms * 1_000_000)
+        self._allow_timeout_override = allow_timeout_override
         self._queue: deque[PendingRequest] = deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
@@ -114,6 +121,9 @@ class Batcher:
         that takes requests sees of the client's request (None: the inputs alone)."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
+        if self._default_timeout_ns and (deadline_ns is None
+                                         or not self._allow_timeout_override):
+            deadline_ns = self._clock() + self._default_timeout_ns
         self.check_capacity(deadline_ns)
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
@@ -189,7 +199,8 @@ class Batcher:
                 free_ns = self._clock()
                 continue
             delay_ns = dispatch_delay_ns(
-                self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock()
+                self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock(),
+                self._preferred,
             )
             if delay_ns > 0:
                 await self._wait_for_more(delay_ns)
@@ -215,7 +226,8 @@ class Batcher:
             await asyncio.wait_for(self._wakeup.wait(), delay_ns / 1e9)
 
     def _take_live_batch(self) -> list[PendingRequest]:
-        batch = take_batch(self._queue, self._max_rows)
+        limit = batch_limit(self._queued_rows, self._max_rows, self._preferred)
+        batch = take_batch(self._queue, limit)
         self._queued_rows -= merged_rows(batch)
         now_ns = self._clock()
         live = []

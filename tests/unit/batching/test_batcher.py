@@ -459,3 +459,35 @@ def test_a_request_error_from_such_an_engine_fails_that_request_alone(tmp_path: 
     assert isinstance(failed, EngineRejectedInput) and "negative" in failed.message
     np.testing.assert_array_equal(first["OUTPUT0"], [[2, 2]])
     np.testing.assert_array_equal(last["OUTPUT0"], [[4, 4]])
+
+
+def test_a_model_default_timeout_gives_requests_a_deadline(tmp_path: Path) -> None:
+    """default_timeout_ms applies to requests without a deadline, and to every request when
+    allow_timeout_override is false (Triton's default_queue_policy)."""
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    now = [5_000]
+
+    async def late(allow_override: bool, deadline_ns: int | None) -> bool:
+        batcher = Batcher(model, ModelStats("linear", "1"), clock=lambda: now[0],
+                          default_timeout_ms=0.001, allow_timeout_override=allow_override)
+        model.hold()
+        try:
+            first = asyncio.ensure_future(batcher.infer({"x": features(1)}))
+            await model.busy()
+            queued = asyncio.ensure_future(batcher.infer({"x": features(2)}, deadline_ns))
+            await asyncio.sleep(0)
+            now[0] += 2_000  # past the 1 µs default, before the request's own deadline
+            model.open()
+            await first
+            try:
+                await queued
+            except DeadlineExceeded:
+                return True
+            return False
+        finally:
+            model.open()
+            await batcher.close()
+
+    assert asyncio.run(late(True, None))
+    assert not asyncio.run(late(True, 10**12))
+    assert asyncio.run(late(False, 10**12))
