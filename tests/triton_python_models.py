@@ -225,6 +225,32 @@ def add_sub(root: Path, name: str = "add_sub", datatype: str = "INT32",
                  ADD_SUB_CONFIG.format(datatype=datatype, delay_ms=delay_ms))
 
 
+# Triton's examples/add_sub config.pbtxt, as a Triton user writes it
+ADD_SUB_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [
+  {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }}
+]
+output [
+  {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }}
+]
+instance_group [ {{ kind: KIND_CPU }} ]
+"""
+
+
+def write_pbtxt(root: Path, name: str, source: str, pbtxt: str) -> Path:
+    """A model folder as Triton has it: config.pbtxt and 1/model.py."""
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(pbtxt.format(name=name))
+    (version / "model.py").write_text(source)
+    return root / name
+
+
 def build_all(root: Path) -> Path:
     """Every model above, as an integration test's repository."""
     add_sub(root, "add_sub")
@@ -233,4 +259,5 @@ def build_all(root: Path) -> Path:
     write(root, "checked", CHECKED, CHECKED_CONFIG)
     write(root, "auto", AUTO, AUTO_CONFIG)
     write(root, "crasher", CRASHER, CRASHER_CONFIG)
+    write_pbtxt(root, "add_sub_pbtxt", ADD_SUB, ADD_SUB_PBTXT)
     return root

@@ -49,7 +49,8 @@ def _input(module: Any, name: str, array: np.ndarray, datatype: str) -> Any:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(("model", "datatype", "dtype"), [
-    ("add_sub", "INT32", np.int32), ("add_sub_fp32", "FP32", np.float32)])
+    ("add_sub", "INT32", np.int32), ("add_sub_fp32", "FP32", np.float32),
+    ("add_sub_pbtxt", "FP32", np.float32)])
 def test_add_sub_answers_sum_and_difference(server: RunningServer, transport: str, model: str,
                                             datatype: str, dtype: type[Any]) -> None:
     client, module = _client(server, transport)
