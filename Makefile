@@ -59,9 +59,16 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Regenerate the committed protobuf modules after editing the .proto (needs the dev extras).
-PROTO := src/serval/protocol/grpc/grpc_service.proto
+# model_config.proto is compiled at the root of the pool ("model_config.proto"), byte for byte
+# the file tritonclient registers, so both can be imported in one process.
+GRPC_DIR := src/serval/protocol/grpc
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src $(PROTO)
+	$(PY) -m grpc_tools.protoc -I$(GRPC_DIR) --python_out=$(GRPC_DIR) --pyi_out=$(GRPC_DIR) \
+		$(GRPC_DIR)/model_config.proto
+	$(PY) -m grpc_tools.protoc -Isrc -I$(GRPC_DIR) --python_out=src --pyi_out=src \
+		$(GRPC_DIR)/grpc_service.proto
+	sed -i 's/^import model_config_pb2 as/from serval.protocol.grpc import model_config_pb2 as/' \
+		$(GRPC_DIR)/grpc_service_pb2.py $(GRPC_DIR)/grpc_service_pb2.pyi
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache

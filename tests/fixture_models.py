@@ -24,7 +24,8 @@ def _save(graph: onnx.GraphProto, repository: Path, name: str, config: str, vers
     return path
 
 
-def add_sub(repository: Path, name: str = "add_sub", config: str = "max_batch_size: 64\n") -> Path:
+def add_sub(repository: Path, name: str = "add_sub", config: str = "max_batch_size: 64\n",
+            version: str = "1") -> Path:
     """Triton's 'simple' model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 [B,16]."""
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 16])
           for n in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
@@ -33,7 +34,7 @@ def add_sub(repository: Path, name: str = "add_sub", config: str = "max_batch_si
          helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
         name, io[:2], io[2:],
     )
-    return _save(graph, repository, name, config)
+    return _save(graph, repository, name, config, version)
 
 
 def linear(repository: Path, name: str = "linear", config: str = "max_batch_size: 32\n",
@@ -146,4 +147,32 @@ def embedding(repository: Path, name: str = "embed", vocabulary: int = 16, width
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
         initializer=[numpy_helper.from_array(table, "table")],
     )
+    return _save(graph, repository, name, config)
+
+
+def triton_config(repository: Path, name: str, pbtxt: str) -> Path:
+    """Configure a model folder as a Triton user would: config.pbtxt, no config.yaml."""
+    (repository / name / "config.yaml").unlink(missing_ok=True)
+    path = repository / name / "config.pbtxt"
+    path.write_text(pbtxt)
+    return path
+
+
+def double(repository: Path, name: str = "double", config: str = "max_batch_size: 64\n") -> Path:
+    """Y = X * 2, FP32 [B,16]: a second model for an ensemble after add_sub."""
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 16]) for n in "XY"]
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    graph = helper.make_graph([helper.make_node("Mul", ["X", "two"], ["Y"])], name,
+                              io[:1], io[1:], [two])
+    return _save(graph, repository, name, config)
+
+
+def parse_int(repository: Path, name: str = "parse_int", config: str = "max_batch_size: 64\n"
+              ) -> Path:
+    """NUMBER (INT64) = TEXT (BYTES [B,1]) cast: numeric strings only (an empty string fails,
+    as a warm-up with empty strings did)."""
+    text = helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", 1])
+    number = helper.make_tensor_value_info("NUMBER", TensorProto.INT64, ["batch", 1])
+    graph = helper.make_graph([helper.make_node("Cast", ["TEXT"], ["NUMBER"],
+                                                to=TensorProto.INT64)], name, [text], [number])
     return _save(graph, repository, name, config)

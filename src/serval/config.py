@@ -39,6 +39,10 @@ class BatchingConfig(_Strict):
         4096, ge=1, description="requests waiting beyond this are refused with 429"
     )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
+    default_timeout_ms: float = Field(
+        0.0, ge=0.0, description="a request without a deadline gets this one; 0: none")
+    allow_timeout_override: bool = Field(
+        True, description="false: default_timeout_ms applies even to requests that set one")
 
     @field_validator("preferred_batch_sizes")
     @classmethod
@@ -88,8 +92,8 @@ class TensorConfig(_Strict):
     name: str = Field(min_length=1)
     datatype: DatatypeName
     dims: list[int] = Field(default_factory=list)
-    labels: list[str] | None = Field(
-        None, description="an output's class labels by index (classification extension)")
+    reshape: list[int] | None = Field(
+        None, description="config.pbtxt: the dims the engine sees (clients send dims)")
 
     @field_validator("dims")
     @classmethod
@@ -106,6 +110,23 @@ class PipelineStep(_Strict):
     version: str | None = None
     inputs: dict[str, str] = Field(description="step input name -> pipeline tensor name")
     outputs: dict[str, str] = Field(description="step output name -> pipeline tensor name")
+
+
+class WarmupInput(_Strict):
+    """One input of a warm-up request: its datatype, dims (without the batch axis) and data."""
+
+    datatype: DatatypeName
+    dims: list[int] = Field(default_factory=list)
+    data: Literal["zero", "random"] = "zero"
+
+
+class WarmupSample(_Strict):
+    """A warm-up request run `count` times before the version serves (Triton's model_warmup)."""
+
+    name: str = Field(min_length=1)
+    batch_size: int = Field(1, ge=1)
+    count: int = Field(1, ge=1)
+    inputs: dict[str, WarmupInput]
 
 
 class ModelConfig(_Strict):
@@ -131,6 +152,14 @@ class ModelConfig(_Strict):
     isolation: Literal["none", "process"] = Field(
         "none", description="process: the engine runs in a child process, restarted on a crash"
     )
+    warmup: list[WarmupSample] = Field(
+        default_factory=list, description="requests run once loaded; none: no warm-up (Triton)")
+    labels: dict[str, list[str]] = Field(
+        default_factory=dict, description="output name -> class labels (label_filename)")
+    parameters: dict[str, str] = Field(default_factory=dict,
+                                       description="free settings a backend may read")
+    triton: dict[str, Any] | None = Field(
+        None, description="config.pbtxt as Triton's JSON form (set by the repository)")
 
 
 MIB = 1024 * 1024

@@ -124,6 +124,12 @@ class DataPlane:
             metadata = _require_metadata(served)
         config = served.spec.config if served.spec else None
         batch_dims = 1 if metadata.max_batch_size > 0 else 0
+        if config is not None and config.triton is not None:  # config.pbtxt, as it was read
+            return {**config.triton,
+                    "input": config.triton.get("input") or [
+                        _config_tensor(spec, batch_dims) for spec in metadata.inputs],
+                    "output": config.triton.get("output") or [
+                        _config_tensor(spec, batch_dims) for spec in metadata.outputs]}
         return {
             "name": name,
             "platform": metadata.platform,
@@ -267,7 +273,7 @@ class DataPlane:
                 metadata = _require_metadata(served)
                 validate_request(request, metadata, name)
                 assert served.runner is not None
-                outputs = await served.runner.infer(request.inputs, deadline_ns)
+                outputs = await served.runner.infer(request.inputs, deadline_ns, request)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise
@@ -375,16 +381,9 @@ def _classified(outputs: TensorDict, request: InferRequest, served: ServedModel,
 
 
 def output_labels(served: ServedModel, output: str) -> list[str] | None:
-    """The class labels of one output: the output's own `labels` in the model's config (what
-    Triton's label_filename gives), else the model's `labels`; None without any."""
-    config = served.spec.config if served.spec else None
-    if config is None:
-        return None
-    for tensor in config.outputs:
-        if tensor.name == output and tensor.labels is not None:
-            return tensor.labels
-    labels: list[str] | None = getattr(config, "labels", None)
-    return labels
+    """The class labels of one output: the model config's `labels` for it (config.pbtxt's
+    label_filename, or config.yaml's `labels: {output: [...]}`); None without any."""
+    return served.spec.config.labels.get(output) if served.spec else None
 
 
 def _require_metadata(served: ServedModel) -> ModelMetadata:

@@ -54,3 +54,24 @@ def test_every_serval_rpc_matches_triton() -> None:
     triton = _dump("tritonclient.grpc.service_pb2")["methods"]
     assert "inference.GRPCInferenceService.ModelInfer" in ours
     assert {name: triton.get(name) for name in ours} == ours
+
+
+_SCHEMA = """
+import sys, importlib
+from google.protobuf import descriptor_pb2
+module = importlib.import_module(sys.argv[1])
+proto = descriptor_pb2.FileDescriptorProto()
+module.DESCRIPTOR.CopyToProto(proto)
+print(proto.SerializeToString().hex())
+"""
+
+
+def test_the_vendored_model_config_schema_is_tritons() -> None:
+    """Byte for byte, its file name included: one process may import both (protobuf's pool
+    takes an identical file twice, and refuses two files defining one symbol)."""
+    def schema(module: str) -> str:
+        return subprocess.run([sys.executable, "-c", _SCHEMA, module], capture_output=True,
+                              text=True, check=True, timeout=60).stdout
+
+    ours = schema("serval.protocol.grpc.model_config_pb2")
+    assert ours and ours == schema("tritonclient.grpc.model_config_pb2")

@@ -250,3 +250,20 @@ def test_cluster_command_up_status_add_remove_and_stop(repository: Path) -> None
     assert up.returncode == 0, out
     again = _serval("cluster", "status", "--http-port", str(port))
     assert again.returncode == 1 and "no local cluster" in again.stderr
+
+
+@pytest.mark.parametrize(("args", "reason"), [
+    (["up", "-r", "{repo}", "--node-cpus", "-1"], "--node-cpus must be > 0"),
+    (["up", "-r", "{repo}", "--balance-factor", "50"], "balance factor must be > 100"),
+    (["up", "-r", "/no/such/folder"], "is not a folder"),
+    (["proxy-config", "--node", "10.0.0.1"], "expected [NAME=]HOST:HTTP"),
+    (["proxy-config"], "give either --node"),
+    (["status", "--http-port", "1"], "no local cluster runs"),
+    (["add-node", "--http-port", "1"], "no local cluster runs"),
+])
+def test_bad_cluster_commands_exit_with_one_line(repository: Path, args: list[str],
+                                                 reason: str) -> None:
+    done = _serval("cluster", *(a.replace("{repo}", str(repository)) for a in args))
+    assert done.returncode != 0
+    assert reason in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "/no/such" not in done.stderr

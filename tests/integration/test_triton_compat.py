@@ -31,8 +31,7 @@ Factory = Callable[..., RunningServer]
 LABELS = ["cat", "dog", "bird", "fish"]
 LABELED = f"""\
 max_batch_size: 32
-outputs:
-  - {{name: probabilities, datatype: FP32, dims: [4], labels: {LABELS}}}
+labels: {{probabilities: {LABELS}}}
 """
 
 

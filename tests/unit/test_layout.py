@@ -16,6 +16,7 @@ SOURCE = UNIT.parent.parent / "src" / "serval"
 ELSEWHERE = {
     "test_layout.py": "this check: the layout of tests/unit itself",
     "test_deploy_artifacts.py": "the files under deploy/ (Dockerfile, Kubernetes, Ray Serve)",
+    "test_deploy_cluster.py": "deploy/k8s/cluster: Serval nodes behind HAProxy on Kubernetes",
     "test_layers.py": "the import graph of src/serval as a whole, and no grpc in the server",
 }
 

@@ -3,12 +3,13 @@ batch) and the registry batches it; a composite (a pipeline) runs other models' 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from serval.config import ModelConfig
-from serval.errors import ConfigError
+from serval.errors import ConfigError, ServalError
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 
 
@@ -49,9 +50,19 @@ class LoadedModel(Model, Protocol):
     def infer(self, inputs: TensorDict) -> TensorDict: ...
 
 
+@runtime_checkable
+class RequestModel(LoadedModel, Protocol):
+    """An engine that takes a batch as the list of its requests, unmerged (Triton's
+    execute(requests)): each request gets its own outputs, or its own error."""
+
+    def infer_requests(self, requests: Sequence[InferRequest]
+                       ) -> list[TensorDict | ServalError]: ...
+
+
 class Runner(Protocol):
     """How requests reach a served model version: a Batcher over an engine's LoadedModel, or
-    a pipeline walking its steps. infer is async; deadline_ns is perf_counter_ns."""
+    a pipeline walking its steps. infer is async; deadline_ns is perf_counter_ns; `request`
+    is the client's request the inputs come from (its id, parameters, requested outputs)."""
 
     @property
     def queued(self) -> int: ...
@@ -59,7 +70,8 @@ class Runner(Protocol):
     @property
     def running(self) -> int: ...
 
-    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict: ...
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None,
+                    request: InferRequest | None = None) -> TensorDict: ...
 
     def check_capacity(self, deadline_ns: int | None = None) -> None: ...
 

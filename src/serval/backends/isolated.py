@@ -2,7 +2,8 @@
 
 The parent keeps the LoadedModel protocol; each infer() ships the batch over a pipe as raw
 tensor bytes (a small header, then each array's buffer, received straight into numpy memory),
-so a crash, even a segfault, fails only that model's in-flight batch.
+so a crash, even a segfault, fails only that model's in-flight batch. An engine that takes
+requests (RequestModel) gets them over the pipe one by one and answers each on its own.
 """
 
 from __future__ import annotations
@@ -13,21 +14,36 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from serval.backends.base import Engine, LoadedModel, ModelMetadata, ModelVersionSpec
-from serval.errors import BackendError, ConfigError, EngineRejectedInput, ModelNotReady
-from serval.protocol.types import TensorDict
+from serval.backends.base import (
+    Engine,
+    LoadedModel,
+    ModelMetadata,
+    ModelVersionSpec,
+    RequestModel,
+)
+from serval.errors import (
+    BackendError,
+    ConfigError,
+    EngineRejectedInput,
+    ModelNotReady,
+    ServalError,
+)
+from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
 
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 5.0
 _STOP = "stop"
+_REQUESTS = "requests"
+T = TypeVar("T")
 
 
 class IsolatedBackend:
@@ -38,7 +54,8 @@ class IsolatedBackend:
         self.name = inner.name
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        return IsolatedModel(self.inner, spec)
+        model = IsolatedModel(self.inner, spec)
+        return IsolatedRequestModel(model) if model.takes_requests else model
 
 
 class IsolatedModel:
@@ -52,7 +69,7 @@ class IsolatedModel:
         self._conn: Connection | None = None
         self._closed = False
         self.restarts = 0
-        self._metadata, self._memory_bytes = self._spawn()
+        self._metadata, self._memory_bytes, self.takes_requests = self._spawn()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -65,6 +82,26 @@ class IsolatedModel:
         return self._process.pid if self._process is not None else None
 
     def infer(self, inputs: TensorDict) -> TensorDict:
+        status, detail, outputs = self._exchange(
+            lambda conn: send_tensors(conn, inputs), lambda conn, _: recv_tensors(conn))
+        if status == "rejected":  # the input's values, not the engine: the client's 400
+            message, engine_detail = detail
+            raise EngineRejectedInput(message, engine_detail)
+        if outputs is None:
+            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
+        return outputs
+
+    def run_requests(self, requests: Sequence[InferRequest]) -> list[TensorDict | ServalError]:
+        """The batch as its requests, for a child engine that takes requests."""
+        _, detail, results = self._exchange(
+            lambda conn: send_requests(conn, requests), recv_results)
+        if results is None:
+            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
+        return results
+
+    def _exchange(self, send: Callable[[Connection], None],
+                  receive: Callable[[Connection, Any], T]) -> tuple[str, Any, T | None]:
+        """One batch on the pipe: (status, detail, what `receive` read when status is ok)."""
         with self._lock:
             if self._closed:
                 raise ModelNotReady(f"{self._label} is unloaded")
@@ -72,17 +109,12 @@ class IsolatedModel:
                 self._restart_locked()
             assert self._conn is not None
             try:
-                send_tensors(self._conn, inputs)
+                send(self._conn)
                 status, detail = self._conn.recv()
-                outputs = recv_tensors(self._conn) if status == "ok" else None
+                received = receive(self._conn, detail) if status == "ok" else None
             except (EOFError, OSError) as exc:
                 raise self._crashed() from exc
-        if status == "rejected":  # the input's values, not the engine: the client's 400
-            message, engine_detail = detail
-            raise EngineRejectedInput(message, engine_detail)
-        if outputs is None:
-            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
-        return outputs
+        return status, detail, received
 
     def unload(self) -> None:
         with self._lock:
@@ -91,7 +123,7 @@ class IsolatedModel:
 
     # child lifecycle -------------------------------------------------------------------------
 
-    def _spawn(self) -> tuple[ModelMetadata, int]:
+    def _spawn(self) -> tuple[ModelMetadata, int, bool]:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         process = context.Process(target=child_main, args=(child_conn, self._inner, self._spec),
@@ -111,7 +143,7 @@ class IsolatedModel:
         self._process, self._conn = process, parent_conn
         log.info("isolated model worker started", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid})
-        return reply[1], int(reply[2])
+        return reply[1], int(reply[2]), bool(reply[3])
 
     def _crashed(self) -> BackendError:
         """Reap the dead child, restart it in the background, and say what happened."""
@@ -138,7 +170,7 @@ class IsolatedModel:
 
     def _restart_locked(self) -> None:
         try:
-            self._metadata, self._memory_bytes = self._spawn()
+            self._metadata, self._memory_bytes, self.takes_requests = self._spawn()
         except ConfigError as exc:
             log.error("isolated model worker failed to restart", extra={
                 "model": self._spec.name, "version": self._spec.version, "error": str(exc)})
@@ -159,6 +191,31 @@ class IsolatedModel:
                 process.join()
         if conn is not None:
             conn.close()
+
+
+class IsolatedRequestModel:
+    """An isolated engine that takes requests (RequestModel): the child gets the batch as
+    its list of requests."""
+
+    def __init__(self, model: IsolatedModel) -> None:
+        self.isolated = model
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self.isolated.metadata
+
+    def memory_bytes(self) -> int:
+        return self.isolated.memory_bytes()
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        return self.isolated.infer(inputs)
+
+    def infer_requests(self, requests: Sequence[InferRequest]
+                       ) -> list[TensorDict | ServalError]:
+        return self.isolated.run_requests(requests)
+
+    def unload(self) -> None:
+        self.isolated.unload()
 
 
 def _await_reply(conn: Connection, process: BaseProcess, timeout_s: float) -> Any:
@@ -219,6 +276,55 @@ def _read_arrays(conn: Connection, header: list[tuple[str, str, tuple[int, ...]]
     return tensors
 
 
+# requests: a header of (id, parameters, requested outputs) each, then each one's tensors;
+# the answer: a status per request (None: ok), then the tensors of each one that succeeded
+
+def send_requests(conn: Connection, requests: Sequence[InferRequest]) -> None:
+    heads = [(request.id, request.parameters,
+              [output.name for output in request.outputs] if request.outputs else None)
+             for request in requests]
+    conn.send((_REQUESTS, heads))
+    for request in requests:
+        send_tensors(conn, request.inputs)
+
+
+def recv_requests(conn: Connection, heads: list[tuple[Any, ...]]) -> list[InferRequest]:
+    requests = []
+    for request_id, parameters, outputs in heads:
+        requests.append(InferRequest(
+            recv_tensors(conn), id=request_id, parameters=parameters,
+            outputs=None if outputs is None else [RequestedOutput(name) for name in outputs]))
+    return requests
+
+
+def send_results(conn: Connection, results: Sequence[TensorDict | ServalError]) -> None:
+    statuses: list[tuple[str, ...] | None] = []
+    for result in results:
+        if isinstance(result, EngineRejectedInput):
+            statuses.append(("rejected", result.message, result.detail))
+        elif isinstance(result, ServalError):
+            statuses.append(("failed", result.message))
+        else:
+            statuses.append(None)
+    conn.send(("ok", statuses))
+    for result in results:
+        if not isinstance(result, ServalError):
+            send_tensors(conn, {name: np.asarray(value) for name, value in result.items()})
+
+
+def recv_results(conn: Connection, statuses: list[tuple[str, ...] | None]
+                 ) -> list[TensorDict | ServalError]:
+    results: list[TensorDict | ServalError] = []
+    for status in statuses:
+        if status is None:
+            results.append(recv_tensors(conn))
+        elif status[0] == "rejected":
+            results.append(EngineRejectedInput(status[1], status[2]))
+        else:
+            results.append(BackendError(status[1]))
+    return results
+
+
 def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
     """The worker process: load, then answer batches until told to stop or the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
@@ -228,7 +334,7 @@ def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> Non
     except Exception as exc:
         conn.send(("error", str(exc) or repr(exc)))
         return
-    conn.send(("ready", model.metadata, model.memory_bytes()))
+    conn.send(("ready", model.metadata, model.memory_bytes(), isinstance(model, RequestModel)))
     try:
         _serve_child(conn, model)
     finally:
@@ -243,6 +349,9 @@ def _serve_child(conn: Connection, model: LoadedModel) -> None:
             return  # the parent is gone
         if kind == _STOP:
             return
+        if kind == _REQUESTS:
+            _answer_requests(conn, model, recv_requests(conn, message[1]))
+            continue
         inputs = _read_arrays(conn, message[1])
         try:
             outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
@@ -254,3 +363,15 @@ def _serve_child(conn: Connection, model: LoadedModel) -> None:
             continue
         conn.send(("ok", None))
         send_tensors(conn, outputs)
+
+
+def _answer_requests(conn: Connection, model: LoadedModel, requests: list[InferRequest]) -> None:
+    if not isinstance(model, RequestModel):
+        conn.send(("error", "the engine does not take requests"))
+        return
+    try:
+        results = model.infer_requests(requests)
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    send_results(conn, results)

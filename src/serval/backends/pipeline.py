@@ -79,7 +79,8 @@ class Pipeline:
     async def close(self) -> None:
         return None
 
-    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None,
+                    request: InferRequest | None = None) -> TensorDict:
         """Run the steps in order; a step's error is answered as the pipeline's (in_step)."""
         tensors = dict(inputs)
         for index, step in enumerate(self.steps, start=1):

@@ -1,11 +1,15 @@
-"""Python models: a `model.py` whose `Model` class has load(ctx) and infer(inputs) -> outputs.
+"""Python models: a `model.py` whose `Model` class has load(ctx) and infer(inputs) -> outputs,
+or a Triton Python-backend model (`TritonPythonModel`, backends/triton_python.py).
 
 It runs arbitrary code, so the server refuses it unless started with --allow-python-models.
-Inputs and outputs are batch-first numpy dicts, declared in config.yaml.
+Inputs and outputs are batch-first numpy dicts, declared in config.yaml. A Triton model always
+runs in a worker process (as Triton's own Python backend runs it), so a crash fails only its
+requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import uuid
@@ -18,9 +22,18 @@ from serval.backends.base import (
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
+    ServeContext,
+    Served,
 )
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
+from serval.backends.isolated import IsolatedBackend
+from serval.backends.triton_python import CLASS_NAME as TRITON_CLASS_NAME
+from serval.backends.triton_python import (
+    defines_triton_model,
+    load_triton_model,
+    provide_utils,
+)
 from serval.config import ModelConfig
 from serval.errors import ConfigError
 from serval.protocol.types import TensorDict
@@ -51,17 +64,39 @@ class PythonBackend(EngineBackend):
     def from_options(cls, options: BackendOptions) -> PythonBackend:
         return cls(allowed=options.allow_python_models)
 
+    async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
+        """Refused at once without --allow-python-models; a Triton model in a worker process."""
+        self._check_allowed(spec)
+        if spec.config.isolation != "process" and await asyncio.to_thread(
+                defines_triton_model, spec.path / MODEL_FILE):
+            return await context.batch_engine(IsolatedBackend(self), spec)
+        return await super().serve(spec, context)
+
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        if not self.allowed:
-            raise ConfigError(f"model '{spec.name}' is a Python model, which runs arbitrary "
-                              "code; start the server with --allow-python-models to serve it")
+        self._check_allowed(spec)
         path = spec.path / MODEL_FILE
         if not path.is_file():
             raise ConfigError(f"{path}: not found (a Python model needs model.py)")
+        if defines_triton_model(path):  # as Triton: modules beside model.py are importable
+            module = _import(path, search_paths=(spec.path, spec.path.parent))
+            triton_class = getattr(module, TRITON_CLASS_NAME, None)
+            if not isinstance(triton_class, type):
+                raise ConfigError(f"{path}: {TRITON_CLASS_NAME} is not a class once imported")
+            return load_triton_model(triton_class, spec, path.stat().st_size)
+        module = _import(path)
         metadata = declared_metadata(spec, "python")
-        instance = _instantiate(path)
+        model_class = getattr(module, CLASS_NAME, None)
+        if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
+            raise ConfigError(f"{path}: must define class {CLASS_NAME} with load(ctx) and "
+                              f"infer(inputs) methods (or a Triton {TRITON_CLASS_NAME})")
+        instance = model_class()
         instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
         return PythonModel(instance, metadata, path.stat().st_size)
+
+    def _check_allowed(self, spec: ModelVersionSpec) -> None:
+        if not self.allowed:
+            raise ConfigError(f"model '{spec.name}' is a Python model, which runs arbitrary "
+                              "code; start the server with --allow-python-models to serve it")
 
 
 class PythonModel:
@@ -91,12 +126,17 @@ class PythonModel:
             unload()
 
 
-def _instantiate(path: Path) -> Any:
+def _import(path: Path, search_paths: tuple[Path, ...] = ()) -> Any:
+    """model.py as a fresh module (a unique name per load), `triton_python_backend_utils`
+    importable from it, and the modules of `search_paths` (appended to sys.path: a Triton
+    model has its worker process to itself)."""
     module_name = f"serval_user_model_{uuid.uuid4().hex}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
+    provide_utils()
+    sys.path.extend(str(p) for p in search_paths if str(p) not in sys.path)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
@@ -104,8 +144,4 @@ def _instantiate(path: Path) -> Any:
         raise ConfigError(f"{path}: import failed: {exc!r}") from exc
     finally:
         sys.modules.pop(module_name, None)
-    model_class = getattr(module, CLASS_NAME, None)
-    if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
-        raise ConfigError(f"{path}: must define class {CLASS_NAME} with load(ctx) and "
-                          "infer(inputs) methods")
-    return model_class()
+    return module

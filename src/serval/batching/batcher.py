@@ -10,10 +10,11 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from serval.backends.base import LoadedModel
+from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.policy import (
     PendingRequest,
     ServiceTimes,
+    batch_limit,
     batch_ns,
     dispatch_delay_ns,
     expected_wait_ns,
@@ -33,7 +34,7 @@ from serval.errors import (
     ServalError,
     ServerUnavailable,
 )
-from serval.protocol.types import TensorDict
+from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ class Batcher:
     A consumer that finds the queue non-empty takes what is there at once (with
     max_queue_delay_ms 0), so an idle engine adds no delay and a busy one gathers
     everything that queued while it ran into the next batch.
+
+    An engine that takes requests (backends.base.RequestModel, e.g. a Triton Python model)
+    gets the batch as its list of requests, unmerged, and answers each one on its own.
     """
 
     def __init__(
@@ -65,10 +69,14 @@ class Batcher:
         instances: int = 1,
         max_queue_delay_ms: float = 0.0,
         max_queue_size: int | None = None,
+        preferred_batch_sizes: tuple[int, ...] = (),
+        default_timeout_ms: float = 0.0,
+        allow_timeout_override: bool = True,
         executor: ThreadPoolExecutor | None = None,
         clock: Clock = time.perf_counter_ns,
     ) -> None:
         self._model = model
+        self._takes_requests = isinstance(model, RequestModel)
         self._stats = stats
         self._clock = clock
         max_batch = model.metadata.max_batch_size
@@ -76,6 +84,9 @@ class Batcher:
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
         self._max_queue_size = max_queue_size
+        self._preferred = tuple(sorted(set(preferred_batch_sizes)))
+        self._default_timeout_ns = int(default_timeout_ms * 1_000_000)
+        self._allow_timeout_override = allow_timeout_override
         self._queue: deque[PendingRequest] = deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
@@ -103,18 +114,23 @@ class Batcher:
         """Batches the engine is computing right now."""
         return self._running
 
-    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None) -> TensorDict:
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None,
+                    request: InferRequest | None = None) -> TensorDict:
         """Queue one request and wait for its own rows of the batch output (Overloaded at once
-        if its deadline could not be met: see check_capacity)."""
+        if its deadline could not be met: see check_capacity). `request` is what an engine
+        that takes requests sees of the client's request (None: the inputs alone)."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
+        if self._default_timeout_ns and (deadline_ns is None
+                                         or not self._allow_timeout_override):
+            deadline_ns = self._clock() + self._default_timeout_ns
         self.check_capacity(deadline_ns)
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
-        request = PendingRequest(
-            inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns
+        pending = PendingRequest(
+            inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns, request
         )
-        self._queue.append(request)
+        self._queue.append(pending)
         self._queued_rows += rows
         self._idle.clear()
         self._wakeup.set()
@@ -183,7 +199,8 @@ class Batcher:
                 free_ns = self._clock()
                 continue
             delay_ns = dispatch_delay_ns(
-                self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock()
+                self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock(),
+                self._preferred,
             )
             if delay_ns > 0:
                 await self._wait_for_more(delay_ns)
@@ -209,7 +226,8 @@ class Batcher:
             await asyncio.wait_for(self._wakeup.wait(), delay_ns / 1e9)
 
     def _take_live_batch(self) -> list[PendingRequest]:
-        batch = take_batch(self._queue, self._max_rows)
+        limit = batch_limit(self._queued_rows, self._max_rows, self._preferred)
+        batch = take_batch(self._queue, limit)
         self._queued_rows -= merged_rows(batch)
         now_ns = self._clock()
         live = []
@@ -224,6 +242,9 @@ class Batcher:
         return live
 
     async def _run(self, batch: list[PendingRequest]) -> None:
+        if self._takes_requests:
+            await self._run_requests(batch)
+            return
         loop = asyncio.get_running_loop()
         started_ns = self._clock()
         try:
@@ -253,6 +274,35 @@ class Batcher:
             merged_rows(batch), len(batch),
             merged_ns - started_ns, computed_ns - merged_ns, done_ns - computed_ns,
         )
+
+    async def _run_requests(self, batch: list[PendingRequest]) -> None:
+        """The batch as its list of requests; each request's error fails that request only."""
+        assert isinstance(self._model, RequestModel)
+        loop = asyncio.get_running_loop()
+        requests = [pending.request or InferRequest(pending.inputs) for pending in batch]
+        started_ns = self._clock()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, self._model.infer_requests, requests)
+            if len(results) != len(batch):
+                raise BackendError(f"model '{self._stats.name}' answered {len(results)} of "
+                                   f"a batch of {len(batch)} requests")
+        except asyncio.CancelledError:
+            _fail_all(batch, ServerUnavailable("the model was unloaded while running"), "")
+            raise
+        except Exception as exc:
+            _fail_all(batch, exc, self._stats.name)
+            return
+        computed_ns = self._clock()
+        for pending, result in zip(batch, results, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(result, ServalError):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
+        self._stats.record_execution(merged_rows(batch), len(batch), 0,
+                                     computed_ns - started_ns, self._clock() - computed_ns)
 
     def _split(self, outputs: TensorDict, batch: list[PendingRequest]) -> list[TensorDict]:
         if not self._batching:  # no batch axis: the one request gets the whole output

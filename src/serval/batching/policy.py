@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from serval.protocol.types import TensorDict
+from serval.protocol.types import InferRequest, TensorDict
 
 Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
@@ -21,6 +21,7 @@ class PendingRequest:
     future: asyncio.Future[TensorDict]
     enqueued_ns: int
     deadline_ns: int | None = None
+    request: InferRequest | None = None  # the client's request (engines that take requests)
 
 
 def signature_of(inputs: TensorDict) -> Signature:
@@ -30,13 +31,26 @@ def signature_of(inputs: TensorDict) -> Signature:
 
 def dispatch_delay_ns(
     queue: deque[PendingRequest], queued_rows: int, max_batch_rows: int, max_delay_ns: int,
-    now_ns: int,
+    now_ns: int, preferred: tuple[int, ...] = (),
 ) -> int:
-    """0 to run a batch now, else how long to wait for more requests (queue non-empty)."""
+    """0 to run a batch now, else how long to wait for more requests (queue non-empty).
+
+    A queue that can fill a preferred batch size (sorted ascending) runs at once, as Triton's
+    dynamic batcher does.
+    """
     if max_delay_ns <= 0 or queued_rows >= max_batch_rows:
+        return 0
+    if preferred and queued_rows >= preferred[0]:
         return 0
     waited_ns = now_ns - queue[0].enqueued_ns
     return max(0, max_delay_ns - waited_ns)
+
+
+def batch_limit(queued_rows: int, max_batch_rows: int, preferred: tuple[int, ...] = ()) -> int:
+    """Rows the next batch may take: the largest preferred size the queue fills, else the
+    model's maximum (no preferred size within reach: everything there is, as Triton)."""
+    reachable = [size for size in preferred if size <= min(queued_rows, max_batch_rows)]
+    return max(reachable) if reachable else max_batch_rows
 
 
 def take_batch(queue: deque[PendingRequest], max_batch_rows: int) -> list[PendingRequest]:

@@ -67,7 +67,10 @@ def up_command(
                           threads=proxy_threads))
     except ValueError as exc:
         fail(str(exc), 2)
-    cluster = LocalCluster(spec)
+    try:
+        cluster = LocalCluster(spec)
+    except ConfigError as exc:
+        fail(str(exc), 2)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -162,6 +165,10 @@ def proxy_config_command(
     dns: str = typer.Option(None, "--dns", help="A DNS name resolving to every node (e.g. a "
                             "Kubernetes headless Service) instead of --node."),
     slots: int = typer.Option(16, "--slots", help="With --dns: the most nodes."),
+    statefulset: str = typer.Option(None, "--statefulset",
+                                    help="With --dns: the nodes are this StatefulSet's pods "
+                                    "(one server per pod, a fixed ring id each: every proxy "
+                                    "hashes alike)."),
     node_http_port: int = typer.Option(8000, "--node-http-port", help="With --dns."),
     node_grpc_port: int = typer.Option(8001, "--node-grpc-port", help="With --dns; 0: none."),
     node_agent_port: int = typer.Option(8002, "--node-agent-port", help="With --dns; 0: none."),
@@ -180,6 +187,8 @@ def proxy_config_command(
     """Print the HAProxy configuration for a node list or a DNS name."""
     if bool(node) == bool(dns):
         fail("give either --node (one per node) or --dns", 2)
+    if statefulset and not dns:
+        fail("--statefulset needs --dns (the pods' headless Service)", 2)
     try:
         settings = ProxySettings(host=host, http_port=http_port, grpc_port=grpc_port or None,
                                  stats_socket=stats_socket, stats_port=stats_port,
@@ -188,7 +197,7 @@ def proxy_config_command(
         nodes: list[Node] | Discovery = (
             [Node.parse(spec, index + 1) for index, spec in enumerate(node)] if node else
             Discovery(dns, slots, node_http_port, node_grpc_port or None,
-                      node_agent_port or None))
+                      node_agent_port or None, statefulset=statefulset))
         text = render(settings, nodes)
     except ValueError as exc:
         fail(str(exc), 2)

@@ -77,8 +77,13 @@ def _split_address(address: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Discovery:
-    """Nodes found through DNS (e.g. a Kubernetes headless Service): `slots` server-template
-    entries that HAProxy fills from the name's A/AAAA records as nodes come and go."""
+    """Nodes found through DNS (e.g. a Kubernetes headless Service).
+
+    With `statefulset` (the pods' name prefix), one server per pod `<statefulset>-<i>.<name>`
+    for i < slots, each with the fixed ring id i+1: every proxy hashes a model to the same pod
+    whatever order it saw them come in. Without, `slots` server-template entries filled from
+    the name's records in the order the proxy learns them: two proxies that saw the nodes
+    arrive differently place models differently (fine for one proxy)."""
 
     name: str
     slots: int = 16
@@ -86,12 +91,15 @@ class Discovery:
     grpc_port: int | None = 8001
     agent_port: int | None = 8002
     nameservers: tuple[str, ...] = ()  # empty: the proxy's /etc/resolv.conf
+    statefulset: str | None = None
 
     def __post_init__(self) -> None:
         if not _HOST.match(self.name):
             raise ValueError(f"{self.name!r} is not a DNS name")
         if not 1 <= self.slots <= 1024:
             raise ValueError("slots must be 1-1024")
+        if self.statefulset is not None and not _NAME.match(self.statefulset):
+            raise ValueError(f"{self.statefulset!r} is not a StatefulSet name")
 
 
 @dataclass(frozen=True)
@@ -117,11 +125,12 @@ class ProxySettings:
 
     def __post_init__(self) -> None:
         if self.balance_factor and self.balance_factor <= 100:
-            raise ValueError("balance_factor must be > 100 (or 0 for off)")
+            raise ValueError("the balance factor must be > 100 (percent of the average load) "
+                             "or 0 (off)")
         if self.hot_rate < 1:
-            raise ValueError("hot_rate must be >= 1 request per second")
+            raise ValueError("the hot rate must be >= 1 request per second")
         if self.retries < 0 or self.threads < 1:
-            raise ValueError("retries must be >= 0 and threads >= 1")
+            raise ValueError("retries must be >= 0 and proxy threads >= 1")
 
 
 def render(settings: ProxySettings, nodes: list[Node] | Discovery) -> str:
@@ -166,6 +175,8 @@ def _global(settings: ProxySettings, nodes: list[Node] | Discovery) -> str:
         servers = " ".join(f"nameserver ns{i} {ns}" for i, ns in enumerate(nodes.nameservers))
         lines += ["", "resolvers dns",
                   "    parse-resolv-conf" if not nodes.nameservers else f"    {servers}",
+                  # answers past 512 bytes (about 27 addresses) must not be cut
+                  "    accepted_payload_size 8192",
                   "    hold valid 5s", "    hold obsolete 5s", "    resolve_retries 3",
                   "    timeout resolve 1s", "    timeout retry 1s"]
     return "\n".join(lines) + "\n"
@@ -255,16 +266,23 @@ def _backend(s: ProxySettings, nodes: list[Node] | Discovery, transport: str, ki
                  + (" proto h2" if transport == "grpc" else ""))
     if isinstance(nodes, Discovery):
         port = nodes.http_port if transport == "http" else nodes.grpc_port
-        agent = f" agent-check agent-port {nodes.agent_port}" if nodes.agent_port else ""
-        check = ""
-        if not probes:  # template slots cannot track: each probes the node's HTTP port
-            if transport == "grpc":
-                lines += ["    option httpchk GET /v2/health/ready",
-                          "    http-check expect status 200"]
-            check = (f" check inter {s.check_interval_ms} fall 2 rise 2 port {nodes.http_port}"
-                     " check-proto h1")
-        lines.append(f"    server-template node {nodes.slots} {nodes.name}:{port} "
-                     f"resolvers dns init-addr none resolve-prefer ipv4{agent}{check}")
+        resolve = " resolvers dns init-addr none resolve-prefer ipv4" + (
+            f" agent-check agent-port {nodes.agent_port}" if nodes.agent_port else "")
+        for index in range(nodes.slots if nodes.statefulset else 0):
+            pod = f"{nodes.statefulset}-{index}"
+            track = "" if probes else f" track http_home/{pod}"
+            lines.append(f"    server {pod} {pod}.{nodes.name}:{port} id {index + 1}"
+                         f"{resolve}{track}")
+        if nodes.statefulset is None:
+            check = ""
+            if not probes:  # template slots cannot track: each probes the node's HTTP port
+                if transport == "grpc":
+                    lines += ["    option httpchk GET /v2/health/ready",
+                              "    http-check expect status 200"]
+                check = (f" check inter {s.check_interval_ms} fall 2 rise 2 "
+                         f"port {nodes.http_port} check-proto h1")
+            lines.append(f"    server-template node {nodes.slots} {nodes.name}:{port}"
+                         f"{resolve}{check}")
         return "\n".join(lines) + "\n"
     for node in nodes:
         port = node.http_port if transport == "http" else node.grpc_port

@@ -83,6 +83,8 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec) -> None:
         if spec.nodes < 1:
             raise ConfigError("a cluster needs at least one node")
+        if spec.node_cpus is not None and spec.node_cpus <= 0:
+            raise ConfigError(f"--node-cpus must be > 0 (got {spec.node_cpus})")
         self.spec = spec
         self.run_dir = spec.run_dir or run_dir_for(spec.http_port)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +101,9 @@ class LocalCluster:
 
     def start(self) -> None:
         """Every node ready, then the proxy listening; ConfigError/OSError if one cannot."""
+        for port in (self.spec.http_port, self.spec.grpc_port):
+            if port and not _can_bind(self.spec.host, port):
+                raise ConfigError(f"the proxy's port {port} is in use on {self.spec.host}")
         shares = plan_shares(self.spec.nodes, self.spec.node_cpus, self.run_dir.name)
         try:
             for share in shares:
@@ -106,9 +111,9 @@ class LocalCluster:
             for node in self.nodes:
                 self._wait_ready(node)
             self._write_config()
-            self.proxy.start()
+            self.proxy.start(preexec=die_with_parent)
             if not self.api.wait_ready(30.0) or not self.proxy.alive():
-                raise ConfigError("HAProxy did not start: see " + str(self.proxy.log))
+                raise ConfigError(f"HAProxy did not start: {_tail(self.proxy.log)}")
             self._save_state()
         except BaseException:
             self.stop()
@@ -222,7 +227,7 @@ class LocalCluster:
         with open(self.run_dir / f"{node.name}.log", "ab") as out:
             local.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=share.enter if share else None)
+                start_new_session=True, preexec_fn=lambda: _child_setup(share))
         local.share = share
         return local
 
@@ -282,6 +287,32 @@ def read_state(http_port: int) -> dict[str, object] | None:
         if isinstance(pid, int) and _pid_alive(pid):
             return dict(state)
     return None
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM it when the process that started it dies (a `cluster
+    up` killed with -9 leaves no node or proxy behind). Linux only; elsewhere a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _child_setup(share: CpuShare | None) -> None:
+    die_with_parent()
+    if share is not None:
+        share.enter()
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _pid_alive(pid: int) -> bool:

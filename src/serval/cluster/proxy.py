@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +49,13 @@ class HaproxyProcess:
         self.config, self.log = config, log
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, preexec: Callable[[], None] | None = None) -> None:
         check_config(self.config)
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
                 [haproxy_binary(), "-W", "-db", "-f", str(self.config)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=preexec)
 
     @property
     def pid(self) -> int | None:

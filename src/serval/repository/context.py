@@ -12,8 +12,9 @@ from serval.backends.base import Engine, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse
+from serval.repository.declared import as_declared
 from serval.repository.served import ServedModel
-from serval.repository.warmup import warmup_inputs
+from serval.repository.warmup import run_warmup
 
 # the data plane's per-model path: (model, version, request, received_ns, deadline_ns)
 StepPath = Callable[[str, str | None, InferRequest, int, int | None], Awaitable[InferResponse]]
@@ -44,18 +45,29 @@ class VersionContext:
         self._served, self._executor, self._steps = served, executor, steps
 
     async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
-        """The engine's model, loaded off the loop, warmed up with one request, and batched on
-        the shared engine pool."""
+        """The engine's model, loaded off the loop, warmed up only when its config asks
+        (Triton's model_warmup; a failed warm-up refuses the load), and batched on the shared
+        engine pool."""
         model = await asyncio.to_thread(engine.load, spec)
         try:
-            await asyncio.to_thread(model.infer, warmup_inputs(model.metadata))
-        except Exception as exc:
+            model = as_declared(model, spec.config, f"{spec.path.parent}/config.pbtxt")
+        except ConfigError:
             model.unload()
-            raise ConfigError(f"warm-up inference failed: {exc}") from exc
+            raise
+        if spec.config.warmup:
+            try:
+                await asyncio.to_thread(run_warmup, model, spec.config.warmup)
+            except ConfigError:
+                model.unload()
+                raise
+        batching = spec.config.batching
         return Served(model, Batcher(
             model, self._served.stats, instances=spec.config.instances,
-            max_queue_delay_ms=spec.config.batching.max_queue_delay_ms,
-            max_queue_size=spec.config.batching.max_queue_size,
+            max_queue_delay_ms=batching.max_queue_delay_ms,
+            max_queue_size=batching.max_queue_size,
+            preferred_batch_sizes=tuple(batching.preferred_batch_sizes),
+            default_timeout_ms=batching.default_timeout_ms,
+            allow_timeout_override=batching.allow_timeout_override,
             executor=self._executor,
         ))
 

@@ -1,4 +1,5 @@
-"""Reads a Triton-shaped repository: <root>/<model>/config.yaml and <root>/<model>/<version>/."""
+"""Reads a Triton-shaped repository: <root>/<model>/config.pbtxt or config.yaml (config.pbtxt wins
+when both are there: see triton_config) and <root>/<model>/<version>/."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from serval.backends.base import ModelVersionSpec
 from serval.config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
 from serval.errors import ConfigError
+from serval.repository.triton_config import PBTXT_FILE, load_pbtxt
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +21,8 @@ class ModelDirectory:
     versions: tuple[str, ...]
 
     def config(self, override: dict[str, object] | None = None) -> ModelConfig:
+        if (self.path / PBTXT_FILE).is_file():
+            return load_pbtxt(self.path, override)
         return load_model_config(self.path / MODEL_CONFIG_FILE, override)
 
     def version_spec(self, version: str, override: dict[str, object] | None = None

@@ -10,16 +10,19 @@ from serval.errors import ServalError
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
 from serval.repository.store import SERVING_FILE
+from serval.repository.triton_config import PBTXT_FILE
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[str, ...], float, float]
+Signature = tuple[tuple[str, ...], float, float, float]
 
 
 def model_signature(model_dir: Path) -> Signature:
-    """What a reload depends on: version folders, serving.json and config.yaml times."""
+    """What a reload depends on: version folders, serving.json, config.yaml and config.pbtxt
+    times."""
     versions = tuple(sorted(p.name for p in model_dir.iterdir() if p.name.isdigit()))
-    return versions, _mtime(model_dir / SERVING_FILE), _mtime(model_dir / "config.yaml")
+    return (versions, _mtime(model_dir / SERVING_FILE), _mtime(model_dir / "config.yaml"),
+            _mtime(model_dir / PBTXT_FILE))
 
 
 async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:

@@ -14,12 +14,19 @@ import pytest
 
 from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
+from serval.backends.python import PythonBackend
 from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
 from serval.config import load_model_config
-from serval.errors import BackendError, DeadlineExceeded, Overloaded, ServerUnavailable
-from serval.protocol.types import TensorDict
+from serval.errors import (
+    BackendError,
+    DeadlineExceeded,
+    EngineRejectedInput,
+    Overloaded,
+    ServerUnavailable,
+)
+from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
-from tests import fixture_models
+from tests import fixture_models, triton_python_models
 
 pytestmark = pytest.mark.unit
 
@@ -403,3 +410,84 @@ def test_close_answers_the_request_the_engine_is_running(tmp_path: Path) -> None
         return answered
 
     assert asyncio.run(main())
+
+
+def _triton_model(folder: Path) -> Any:
+    """A Triton Python model (it takes requests) loaded in this process."""
+    config = load_model_config(folder / "config.yaml")
+    return PythonBackend(allowed=True).load(ModelVersionSpec(folder.name, "1", folder / "1",
+                                                             config))
+
+
+def test_an_engine_that_takes_requests_gets_them_unmerged(tmp_path: Path) -> None:
+    model = _triton_model(triton_python_models.add_sub(tmp_path))
+    stats = ModelStats("add_sub", "1")
+    inputs = [{"INPUT0": np.full((rows, 16), rows, np.int32),
+               "INPUT1": np.ones((rows, 16), np.int32)} for rows in (1, 2, 3)]
+    requests = [InferRequest(x, id=f"r{i}") for i, x in enumerate(inputs)]
+
+    async def main() -> list[TensorDict]:
+        batcher = Batcher(model, stats, max_queue_delay_ms=200)
+        try:
+            return await asyncio.gather(*(batcher.infer(r.inputs, None, r) for r in requests))
+        finally:
+            await batcher.close()
+
+    results = asyncio.run(main())
+    assert model._instance.batch_sizes == [3]  # one execute(), a list of three requests
+    for x, result in zip(inputs, results, strict=True):
+        np.testing.assert_array_equal(result["OUTPUT0"], x["INPUT0"] + 1)
+    assert stats.execution_count == 1 and stats.inference_count == 6
+
+
+def test_a_request_error_from_such_an_engine_fails_that_request_alone(tmp_path: Path) -> None:
+    folder = triton_python_models.write(tmp_path, "checked", triton_python_models.CHECKED,
+                                        triton_python_models.CHECKED_CONFIG)
+    model = _triton_model(folder)
+    values = [1, -1, 2]
+
+    async def main() -> list[Any]:
+        batcher = Batcher(model, ModelStats("checked", "1"), max_queue_delay_ms=200)
+        try:
+            return await asyncio.gather(
+                *(batcher.infer({"INPUT0": np.full((1, 2), v, np.int32)}) for v in values),
+                return_exceptions=True)
+        finally:
+            await batcher.close()
+
+    first, failed, last = asyncio.run(main())
+    assert isinstance(failed, EngineRejectedInput) and "negative" in failed.message
+    np.testing.assert_array_equal(first["OUTPUT0"], [[2, 2]])
+    np.testing.assert_array_equal(last["OUTPUT0"], [[4, 4]])
+
+
+def test_a_model_default_timeout_gives_requests_a_deadline(tmp_path: Path) -> None:
+    """default_timeout_ms applies to requests without a deadline, and to every request when
+    allow_timeout_override is false (Triton's default_queue_policy)."""
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    now = [5_000]
+
+    async def late(allow_override: bool, deadline_ns: int | None) -> bool:
+        batcher = Batcher(model, ModelStats("linear", "1"), clock=lambda: now[0],
+                          default_timeout_ms=0.001, allow_timeout_override=allow_override)
+        model.hold()
+        try:
+            first = asyncio.ensure_future(batcher.infer({"x": features(1)}))
+            await model.busy()
+            queued = asyncio.ensure_future(batcher.infer({"x": features(2)}, deadline_ns))
+            await asyncio.sleep(0)
+            now[0] += 2_000  # past the 1 µs default, before the request's own deadline
+            model.open()
+            await first
+            try:
+                await queued
+            except DeadlineExceeded:
+                return True
+            return False
+        finally:
+            model.open()
+            await batcher.close()
+
+    assert asyncio.run(late(True, None))
+    assert not asyncio.run(late(True, 10**12))
+    assert asyncio.run(late(False, 10**12))

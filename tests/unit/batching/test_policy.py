@@ -13,6 +13,7 @@ from serval.batching.policy import (
     SIZE_CLASSES,
     PendingRequest,
     ServiceTimes,
+    batch_limit,
     batch_ns,
     dispatch_delay_ns,
     expected_wait_ns,
@@ -149,6 +150,20 @@ def test_delay_is_what_remains_of_the_heads_wait(make: Make, now_ns: int, expect
 def test_a_full_batch_dispatches_at_once(make: Make, queued_rows: int) -> None:
     queue = deque([make(8, enqueued_ns=100)])
     assert dispatch_delay_ns(queue, queued_rows, 8, 1_000, now_ns=100) == 0
+
+
+def test_a_queue_that_fills_a_preferred_size_dispatches_at_once(make: Make) -> None:
+    queue = deque([make(2, enqueued_ns=100), make(2, enqueued_ns=100)])
+    assert dispatch_delay_ns(queue, 4, 16, 1_000, 100, preferred=(4, 8)) == 0
+    assert dispatch_delay_ns(queue, 3, 16, 1_000, 100, preferred=(4, 8)) == 1_000
+
+
+@pytest.mark.parametrize(("queued_rows", "preferred", "limit"), [
+    (10, (4, 8), 8), (7, (4, 8), 4), (3, (4, 8), 16), (20, (4, 32), 4), (5, (), 16),
+])
+def test_the_batch_takes_the_largest_preferred_size_the_queue_fills(
+        queued_rows: int, preferred: tuple[int, ...], limit: int) -> None:
+    assert batch_limit(queued_rows, 16, preferred) == limit
 
 
 # --- is_live -----------------------------------------------------------------------------------

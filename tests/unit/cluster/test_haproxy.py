@@ -120,7 +120,7 @@ def test_duplicate_names_or_ids_and_a_low_balance_factor_are_refused() -> None:
         render(ProxySettings(), [NODES[0], Node("a", "10.0.0.9", 8000, id=9)])
     with pytest.raises(ValueError, match="ids must be unique"):
         render(ProxySettings(), [NODES[0], Node("z", "10.0.0.9", 8000, id=1)])
-    with pytest.raises(ValueError, match="balance_factor"):
+    with pytest.raises(ValueError, match="balance factor"):
         ProxySettings(balance_factor=100)
 
 
@@ -135,3 +135,17 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path, nodes: list[Node] | D
                              text=True, check=False)
     assert checked.returncode == 0, checked.stderr
     assert "WARNING" not in checked.stderr, checked.stderr
+
+
+def test_statefulset_pods_get_fixed_ring_ids_every_proxy_shares() -> None:
+    text = render(ProxySettings(), Discovery("svc.ns.svc.cluster.local", slots=3,
+                                             statefulset="serval-node"))
+    assert "server-template" not in text and "accepted_payload_size 8192" in text
+    home = [line for line in _section(text, "backend http_home") if line.startswith("server ")]
+    assert [line.split()[1:4] for line in home] == [
+        ["serval-node-0", "serval-node-0.svc.ns.svc.cluster.local:8000", "id"],
+        ["serval-node-1", "serval-node-1.svc.ns.svc.cluster.local:8000", "id"],
+        ["serval-node-2", "serval-node-2.svc.ns.svc.cluster.local:8000", "id"]]
+    assert [line.split(" id ")[1].split()[0] for line in home] == ["1", "2", "3"]
+    grpc = [line for line in _section(text, "backend grpc_spread") if line.startswith("server ")]
+    assert all("track http_home/serval-node-" in line for line in grpc)

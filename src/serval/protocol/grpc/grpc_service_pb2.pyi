@@ -1,44 +1,11 @@
+from serval.protocol.grpc import model_config_pb2 as _model_config_pb2
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
-    TYPE_INVALID: _ClassVar[DataType]
-    TYPE_BOOL: _ClassVar[DataType]
-    TYPE_UINT8: _ClassVar[DataType]
-    TYPE_UINT16: _ClassVar[DataType]
-    TYPE_UINT32: _ClassVar[DataType]
-    TYPE_UINT64: _ClassVar[DataType]
-    TYPE_INT8: _ClassVar[DataType]
-    TYPE_INT16: _ClassVar[DataType]
-    TYPE_INT32: _ClassVar[DataType]
-    TYPE_INT64: _ClassVar[DataType]
-    TYPE_FP16: _ClassVar[DataType]
-    TYPE_FP32: _ClassVar[DataType]
-    TYPE_FP64: _ClassVar[DataType]
-    TYPE_STRING: _ClassVar[DataType]
-    TYPE_BF16: _ClassVar[DataType]
-TYPE_INVALID: DataType
-TYPE_BOOL: DataType
-TYPE_UINT8: DataType
-TYPE_UINT16: DataType
-TYPE_UINT32: DataType
-TYPE_UINT64: DataType
-TYPE_INT8: DataType
-TYPE_INT16: DataType
-TYPE_INT32: DataType
-TYPE_INT64: DataType
-TYPE_FP16: DataType
-TYPE_FP32: DataType
-TYPE_FP64: DataType
-TYPE_STRING: DataType
-TYPE_BF16: DataType
 
 class ServerLiveRequest(_message.Message):
     __slots__ = ()
@@ -263,74 +230,6 @@ class ModelStreamInferResponse(_message.Message):
     infer_response: ModelInferResponse
     def __init__(self, error_message: _Optional[str] = ..., infer_response: _Optional[_Union[ModelInferResponse, _Mapping]] = ...) -> None: ...
 
-class ModelInput(_message.Message):
-    __slots__ = ("name", "data_type", "dims")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class ModelOutput(_message.Message):
-    __slots__ = ("name", "data_type", "dims")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
-    DIMS_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    data_type: DataType
-    dims: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[_Union[DataType, str]] = ..., dims: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class ModelDynamicBatching(_message.Message):
-    __slots__ = ("preferred_batch_size", "max_queue_delay_microseconds")
-    PREFERRED_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
-    MAX_QUEUE_DELAY_MICROSECONDS_FIELD_NUMBER: _ClassVar[int]
-    preferred_batch_size: _containers.RepeatedScalarFieldContainer[int]
-    max_queue_delay_microseconds: int
-    def __init__(self, preferred_batch_size: _Optional[_Iterable[int]] = ..., max_queue_delay_microseconds: _Optional[int] = ...) -> None: ...
-
-class ModelInstanceGroup(_message.Message):
-    __slots__ = ("name", "count", "kind")
-    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        KIND_AUTO: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_GPU: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_CPU: _ClassVar[ModelInstanceGroup.Kind]
-        KIND_MODEL: _ClassVar[ModelInstanceGroup.Kind]
-    KIND_AUTO: ModelInstanceGroup.Kind
-    KIND_GPU: ModelInstanceGroup.Kind
-    KIND_CPU: ModelInstanceGroup.Kind
-    KIND_MODEL: ModelInstanceGroup.Kind
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    COUNT_FIELD_NUMBER: _ClassVar[int]
-    KIND_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    count: int
-    kind: ModelInstanceGroup.Kind
-    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., kind: _Optional[_Union[ModelInstanceGroup.Kind, str]] = ...) -> None: ...
-
-class ModelConfig(_message.Message):
-    __slots__ = ("name", "platform", "max_batch_size", "input", "output", "instance_group", "dynamic_batching", "backend")
-    NAME_FIELD_NUMBER: _ClassVar[int]
-    PLATFORM_FIELD_NUMBER: _ClassVar[int]
-    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
-    INPUT_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    INSTANCE_GROUP_FIELD_NUMBER: _ClassVar[int]
-    DYNAMIC_BATCHING_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
-    name: str
-    platform: str
-    max_batch_size: int
-    input: _containers.RepeatedCompositeFieldContainer[ModelInput]
-    output: _containers.RepeatedCompositeFieldContainer[ModelOutput]
-    instance_group: _containers.RepeatedCompositeFieldContainer[ModelInstanceGroup]
-    dynamic_batching: ModelDynamicBatching
-    backend: str
-    def __init__(self, name: _Optional[str] = ..., platform: _Optional[str] = ..., max_batch_size: _Optional[int] = ..., input: _Optional[_Iterable[_Union[ModelInput, _Mapping]]] = ..., output: _Optional[_Iterable[_Union[ModelOutput, _Mapping]]] = ..., instance_group: _Optional[_Iterable[_Union[ModelInstanceGroup, _Mapping]]] = ..., dynamic_batching: _Optional[_Union[ModelDynamicBatching, _Mapping]] = ..., backend: _Optional[str] = ...) -> None: ...
-
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -342,8 +241,8 @@ class ModelConfigRequest(_message.Message):
 class ModelConfigResponse(_message.Message):
     __slots__ = ("config",)
     CONFIG_FIELD_NUMBER: _ClassVar[int]
-    config: ModelConfig
-    def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
+    config: _model_config_pb2.ModelConfig
+    def __init__(self, config: _Optional[_Union[_model_config_pb2.ModelConfig, _Mapping]] = ...) -> None: ...
 
 class ModelStatisticsRequest(_message.Message):
     __slots__ = ("name", "version")

@@ -1,0 +1,358 @@
+"""`triton_python_backend_utils` for Triton Python-backend models served by Serval: tensors,
+requests, responses, errors, the auto-complete config helper and the datatype helpers.
+
+Models import it as `import triton_python_backend_utils as pb_utils`; the python backend makes
+that name resolve to this module before it imports a model.py (backends/triton_python.py).
+Decoupled mode, BLS (`InferenceRequest.exec`) and DLPack are not provided.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from serval.protocol.dtypes import DATATYPES
+
+_log = logging.getLogger("serval.backends.triton_model")
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+# Triton's DataType enum: TYPE_BOOL = 1 ... TYPE_STRING = 13, the order of Serval's table.
+_CODE_OF_CONFIG: dict[str, int] = {dt.config: code for code, dt in enumerate(DATATYPES, 1)}
+_NUMPY_OF_CODE: dict[int, type[Any]] = {code: dt.numpy.type
+                                        for code, dt in enumerate(DATATYPES, 1)}
+TRITON_STRING_TO_NUMPY: dict[str, type[Any]] = {
+    dt.config: (bool if dt.name == "BOOL" else dt.numpy.type) for dt in DATATYPES}
+
+
+class TritonModelException(Exception):
+    """What a model raises to fail the whole batch."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self._msg = msg
+
+    def message(self) -> str:
+        return self._msg
+
+
+class TritonError:
+    """An error for one response (InferenceResponse(error=...)): fails that request only."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message, self._code = str(message), code
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __str__(self) -> str:
+        return self._message
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class Tensor:
+    """A named numpy array: a request's input or a response's output."""
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        array = np.asarray(numpy_array)
+        if array.dtype.kind in ("U", "V"):
+            raise TritonModelException(
+                f"tensor '{name}': numpy dtype {array.dtype} is not supported; use np.object_ "
+                "(bytes elements) for strings")
+        if triton_dtype is not None:
+            wanted = triton_to_numpy_type(triton_dtype)
+            if wanted is None:
+                raise TritonModelException(f"tensor '{name}': unknown Triton dtype {triton_dtype}")
+            if array.dtype != wanted:
+                array = array.view(wanted)
+        self._name = name
+        self._array = array
+        self._triton_dtype = numpy_to_triton_type(array.dtype)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+    def triton_dtype(self) -> int | None:
+        return self._triton_dtype
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, dtype={self._array.dtype}, shape={self.shape()})"
+
+
+class InferenceRequest:
+    """One client request as execute() receives it."""
+
+    def __init__(self, inputs: Sequence[Tensor], request_id: str = "",
+                 correlation_id: int | str = 0,
+                 requested_output_names: Sequence[str] = (),
+                 parameters: str | dict[str, Any] = "{}", model_name: str = "",
+                 model_version: int = -1, flags: int = 0) -> None:
+        self._inputs = list(inputs)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._requested_output_names = list(requested_output_names)
+        self._parameters = (parameters if isinstance(parameters, str)
+                            else json.dumps(parameters))
+        self._model_name, self._model_version, self._flags = model_name, model_version, flags
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string."""
+        return self._parameters
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def flags(self) -> int:
+        return self._flags
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        raise TritonModelException("business logic scripting (InferenceRequest.exec) is not "
+                                   "supported by Serval")
+
+    def async_exec(self, *args: Any, **kwargs: Any) -> Any:
+        return self.exec(*args, **kwargs)
+
+    def get_response_sender(self) -> Any:
+        raise TritonModelException("decoupled models (get_response_sender) are not supported "
+                                   "by Serval yet")
+
+
+class InferenceResponse:
+    """What execute() returns for one request: output tensors, or an error."""
+
+    def __init__(self, output_tensors: Sequence[Tensor] | None = None,
+                 error: TritonError | None = None, parameters: Any = None) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list | tuple):
+            raise TritonModelException('"output_tensors" must be a list.')
+        self._output_tensors = list(output_tensors)
+        self._error = error
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+
+class Logger:
+    """pb_utils.Logger: a model's log lines go to Serval's log."""
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info(message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning(message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error(message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug(message)
+
+
+# lookups ---------------------------------------------------------------------------------------
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in inference_request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str
+                              ) -> Tensor | None:
+    return next((t for t in inference_response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("input", []) if t["name"] == name), None)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((t for t in model_config.get("output", []) if t["name"] == name), None)
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+# datatypes -------------------------------------------------------------------------------------
+
+def triton_string_to_numpy(triton_type_string: str) -> type[Any]:
+    """'TYPE_FP32' -> np.float32 (TYPE_STRING -> np.object_)."""
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def triton_to_numpy_type(data_type: int) -> type[Any] | None:
+    """Triton's DataType code (TYPE_FP32 = 11) -> the numpy type; None for an unknown code."""
+    return _NUMPY_OF_CODE.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """A numpy dtype or type -> Triton's DataType code; None when Triton has none."""
+    try:
+        dtype = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dtype.kind in ("S", "O"):
+        return _CODE_OF_CONFIG["TYPE_STRING"]
+    for code, dt in enumerate(DATATYPES, 1):
+        if dt.numpy == dtype.newbyteorder("<") or dt.numpy == dtype:
+            return code
+    return None
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | None:
+    """BYTES elements as Triton lays them out: each a 4-byte little-endian length, then its
+    bytes, in C order (str elements UTF-8 encoded); None for a tensor of another dtype."""
+    if input_tensor.dtype.kind not in ("O", "S"):
+        return None
+    parts = []
+    for item in input_tensor.flat:
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(struct.pack("<I", len(raw)) + raw)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """serialize_byte_tensor's bytes back to a 1-D object array of bytes."""
+    items, offset, view = [], 0, memoryview(encoded_tensor)
+    while offset < len(view):
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        items.append(bytes(view[offset:offset + length]))
+        offset += length
+    return np.array(items, dtype=np.object_)
+
+
+# auto-complete ---------------------------------------------------------------------------------
+
+_TENSOR_PROPERTIES = ("name", "data_type", "dims", "optional")
+
+
+class ModelConfig:
+    """The model configuration auto_complete_config(auto_complete_model_config) receives and
+    returns: read it with as_dict(), change the batch size, scheduler, inputs and outputs."""
+
+    def __init__(self, model_config: str | dict[str, Any]) -> None:
+        config = json.loads(model_config) if isinstance(model_config, str) else model_config
+        self._config: dict[str, Any] = config
+        self._config.setdefault("input", [])
+        self._config.setdefault("output", [])
+        self._config.setdefault("max_batch_size", 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def _name(self) -> str:
+        return str(self._config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        configured = int(self._config.get("max_batch_size", 0))
+        if configured > max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {configured}, but "
+                             f"auto_complete_config of model '{self._name()}' specified "
+                             f"max_batch_size {max_batch_size}")
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._config:
+                raise ValueError(f"configuration specified scheduling_choice as '{scheduler}', "
+                                 f"but auto_complete_config of model '{self._name()}' tries to "
+                                 "set it to 'dynamic_batching'")
+        self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        unknown = sorted(set(transaction_policy_dict) - {"decoupled"})
+        if unknown:
+            raise ValueError(f"model_transaction_policy of model '{self._name()}' has unknown "
+                             f"properties {unknown}")
+        policy = self._config.setdefault("model_transaction_policy", {})
+        policy["decoupled"] = bool(transaction_policy_dict.get("decoupled", False))
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add_tensor("input", input)
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add_tensor("output", output)
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any]) -> None:
+        where = (f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model "
+                 f"'{self._name()}'")
+        unknown = sorted(set(tensor) - set(_TENSOR_PROPERTIES))
+        if unknown:
+            raise ValueError(f"{where} has properties other than name, data_type, dims, "
+                             f"optional: {unknown}")
+        for required in ("name", "data_type", "dims"):
+            if required not in tensor:
+                raise ValueError(f"{where} is missing its '{required}' property")
+        if tensor["data_type"] not in TRITON_STRING_TO_NUMPY:
+            raise ValueError(f"{where}: unknown data_type '{tensor['data_type']}'")
+        for current in self._config[kind]:
+            if current["name"] != tensor["name"]:
+                continue
+            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID",
+                                                                 tensor["data_type"]):
+                raise ValueError(f"{where}: the configuration says data_type "
+                                 f"{current['data_type']}, the model {tensor['data_type']}")
+            if current.get("dims") and [int(d) for d in current["dims"]] != list(tensor["dims"]):
+                raise ValueError(f"{where}: the configuration says dims {current['dims']}, "
+                                 f"the model {tensor['dims']}")
+            current.update(tensor)
+            return
+        self._config[kind].append(dict(tensor))

@@ -1,0 +1,243 @@
+"""A repository written as a Triton user writes it (config.pbtxt + 1/model.onnx), served and
+asked with tritonclient over HTTP and gRPC: limits, version policy, warm-up, ensembles, the
+config's JSON form, and load errors naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+from tritonclient.utils import InferenceServerException
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+
+pytestmark = pytest.mark.integration
+
+SIMPLE = """
+name: "simple"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+version_policy: { latest: { num_versions: 1 } }
+parameters { key: "origin" value: { string_value: "triton" } }
+"""
+ENSEMBLE = """
+name: "sum_doubled"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "A" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "B" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "simple" model_version: -1
+      input_map { key: "INPUT0" value: "A" }
+      input_map { key: "INPUT1" value: "B" }
+      output_map { key: "OUTPUT0" value: "sum" } },
+    { model_name: "double" model_version: -1
+      input_map { key: "X" value: "sum" }
+      output_map { key: "Y" value: "DOUBLED" } }
+  ]
+}
+"""
+NO_WARMUP = 'backend: "onnxruntime"\nmax_batch_size: 8\n'
+WITH_WARMUP = NO_WARMUP + """model_warmup [ { name: "empty strings" batch_size: 1
+  inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]
+"""
+RESHAPED = """
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } }
+]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape: [ 16 ] } } ]
+"""
+BROKEN = {
+    "unknown_field": ('max_batch_size: 8\nfoo: 1\n', "no field named \"foo\""),
+    "unsupported_field": ('max_batch_size: 8\nsequence_batching { }\n',
+                          "field 'sequence_batching' is not supported"),
+    "priority_levels": ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 }\n',
+                        "field 'dynamic_batching.priority_levels' is not supported"),
+    "wrong_datatype": ('max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '
+                       'dims: [ 16 ] } ]\n', "data_type INT32 in the config, the model has FP32"),
+}
+
+
+@pytest.fixture(scope="module")
+def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("triton-repository")
+    fixture_models.add_sub(root, "simple")
+    fixture_models.triton_config(root, "simple", SIMPLE)
+    fixture_models.double(root)
+    fixture_models.triton_config(root, "double", "max_batch_size: 8\n")
+    (root / "sum_doubled" / "1").mkdir(parents=True)
+    fixture_models.triton_config(root, "sum_doubled", ENSEMBLE)
+    for version in ("1", "2", "3"):
+        fixture_models.add_sub(root, "versioned", config="", version=version)
+    fixture_models.triton_config(root, "versioned", "max_batch_size: 8\n"
+                                 "version_policy: { specific: { versions: [ 1, 3 ] } }\n")
+    fixture_models.parse_int(root)
+    fixture_models.triton_config(root, "parse_int", NO_WARMUP)
+    fixture_models.add_sub(root, "reshaped")
+    fixture_models.triton_config(root, "reshaped", RESHAPED)
+    return root
+
+
+@pytest.fixture(scope="module")
+def triton_server(server_factory: Callable[..., RunningServer],
+                  triton_repository: Path) -> RunningServer:
+    return server_factory(triton_repository)
+
+
+def _clients(server: RunningServer) -> list[object]:
+    return [httpclient.InferenceServerClient(server.url),
+            grpcclient.InferenceServerClient(server.grpc_url)]
+
+
+def _inputs(module: object, rows: int) -> tuple[list[object], np.ndarray, np.ndarray]:
+    a = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+    b = np.ones((rows, 16), dtype=np.float32)
+    inputs = [module.InferInput("INPUT0", [rows, 16], "FP32"),  # type: ignore[attr-defined]
+              module.InferInput("INPUT1", [rows, 16], "FP32")]  # type: ignore[attr-defined]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs, a, b
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_max_batch_size_is_served_and_enforced(triton_server: RunningServer,
+                                               transport: str) -> None:
+    module = httpclient if transport == "http" else grpcclient
+    client = _clients(triton_server)[transport == "grpc"]
+    config = client.get_model_config("simple")  # type: ignore[attr-defined]
+    config = config if transport == "http" else json_format.MessageToDict(
+        config.config, preserving_proto_field_name=True)
+    assert config["max_batch_size"] == 8
+    metadata = client.get_model_metadata("simple")  # type: ignore[attr-defined]
+    shape = metadata["inputs"][0]["shape"] if transport == "http" else metadata.inputs[0].shape
+    assert [int(d) for d in shape] == [-1, 16]
+    inputs, a, b = _inputs(module, 8)
+    result = client.infer("simple", inputs)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    inputs, _, _ = _inputs(module, 9)
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("simple", inputs)  # type: ignore[attr-defined]
+    assert "batch size 9" in str(refused.value) and "1 to 8" in str(refused.value)
+    status = refused.value.status()
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+def test_get_model_config_is_the_pbtxt_in_tritons_json_form(
+        triton_server: RunningServer) -> None:
+    parsed = text_format.Parse(SIMPLE, model_config_pb2.ModelConfig())
+    parsed.backend = "onnxruntime"  # Triton fills the backend of a platform it knows
+    http_config = httpclient.InferenceServerClient(triton_server.url).get_model_config("simple")
+    assert http_config["input"][0]["dims"] == [16]  # numbers, as Triton writes them
+    assert json_format.ParseDict(http_config, model_config_pb2.ModelConfig()) == parsed
+    grpc_config = grpcclient.InferenceServerClient(triton_server.grpc_url).get_model_config(
+        "simple").config
+    assert grpc_config == parsed
+    assert grpc_config.instance_group[0].count == 2
+    assert grpc_config.parameters["origin"].string_value == "triton"
+
+
+def test_version_policy_is_honoured(triton_server: RunningServer) -> None:
+    for client in _clients(triton_server):
+        assert client.is_model_ready("versioned", "1")  # type: ignore[attr-defined]
+        assert client.is_model_ready("versioned", "3")  # type: ignore[attr-defined]
+    http = httpclient.InferenceServerClient(triton_server.url)
+    with pytest.raises(InferenceServerException):
+        http.infer("versioned", _inputs(httpclient, 1)[0], model_version="2")
+    result = http.infer("versioned", _inputs(httpclient, 1)[0])
+    assert result.get_response()["model_version"] == "3"
+
+
+def test_a_model_that_failed_the_forced_warm_up_loads(triton_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(triton_server.url)
+    assert client.is_model_ready("parse_int")
+    text = httpclient.InferInput("TEXT", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"12"], [b"-7"]], dtype=object))
+    result = client.infer("parse_int", [text])
+    np.testing.assert_array_equal(result.as_numpy("NUMBER"), [[12], [-7]])
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_an_ensemble_runs_its_steps_on_the_pipeline_engine(triton_server: RunningServer,
+                                                           transport: str) -> None:
+    module = httpclient if transport == "http" else grpcclient
+    client = _clients(triton_server)[transport == "grpc"]
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.full((2, 16), 3.0, dtype=np.float32)
+    inputs = [module.InferInput("A", [2, 16], "FP32"),  # type: ignore[attr-defined]
+              module.InferInput("B", [2, 16], "FP32")]  # type: ignore[attr-defined]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    result = client.infer("sum_doubled", inputs)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(result.as_numpy("DOUBLED"), (a + b) * 2)
+
+
+@pytest.fixture(scope="module")
+def explicit_server(server_factory: Callable[..., RunningServer],
+                    tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("triton-broken")
+    for name, (pbtxt, _) in BROKEN.items():
+        fixture_models.add_sub(root, name)
+        fixture_models.triton_config(root, name, pbtxt)
+    fixture_models.parse_int(root, "warm_up_fails")
+    fixture_models.triton_config(root, "warm_up_fails", WITH_WARMUP)
+    return server_factory(root, "--model-control", "explicit")
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_config_serval_cannot_honour_is_a_load_error_naming_the_field(
+        explicit_server: RunningServer, name: str) -> None:
+    expected = BROKEN[name][1]
+    for client in _clients(explicit_server):
+        with pytest.raises(InferenceServerException) as failed:
+            client.load_model(name)  # type: ignore[attr-defined]
+        assert expected in str(failed.value)
+    index = httpclient.InferenceServerClient(explicit_server.url).get_model_repository_index()
+    entry = next(e for e in index if e["name"] == name)
+    assert entry["state"] == "UNAVAILABLE" and expected in entry["reason"]
+
+
+def test_a_configured_warm_up_runs_and_its_failure_refuses_the_load(
+        explicit_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(explicit_server.url)
+    with pytest.raises(InferenceServerException) as failed:
+        client.load_model("warm_up_fails")
+    assert "model_warmup 'empty strings' failed" in str(failed.value)
+
+
+def test_declared_dims_are_served_and_reshaped_for_the_engine(
+        triton_server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    metadata = client.get_model_metadata("reshaped")
+    assert [list(t.shape) for t in metadata.inputs] == [[-1, 4, 4], [-1, 4, 4]]
+    assert [(t.name, list(t.shape)) for t in metadata.outputs] == [("OUTPUT0", [-1, 4, 4]),
+                                                                    ("OUTPUT1", [-1, 16])]
+    a = np.arange(32, dtype=np.float32).reshape(2, 4, 4)
+    inputs = [grpcclient.InferInput("INPUT0", [2, 4, 4], "FP32"),
+              grpcclient.InferInput("INPUT1", [2, 4, 4], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(a)
+    result = client.infer("reshaped", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
