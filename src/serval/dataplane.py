@@ -274,6 +274,9 @@ class DataPlane:
                 validate_request(request, metadata, name)
                 assert served.runner is not None
                 outputs = await served.runner.infer(request.inputs, deadline_ns, request)
+                selected = _select_outputs(outputs, request)
+                if request.outputs and any(o.class_count for o in request.outputs):
+                    selected = _classified(selected, request, served, metadata)
             except ServalError as exc:
                 stats.record_request(exc.code.value, time.perf_counter_ns() - received_ns)
                 raise
@@ -281,9 +284,6 @@ class DataPlane:
                 stats.record_request("cancelled", time.perf_counter_ns() - received_ns)
                 raise
             stats.record_request("success", time.perf_counter_ns() - received_ns)
-            selected = _select_outputs(outputs, request)
-            if request.outputs and any(o.class_count for o in request.outputs):
-                selected = _classified(selected, request, served, metadata)
             return InferResponse(name, served.version, selected, request.id)
 
 
