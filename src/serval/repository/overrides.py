@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -16,9 +16,10 @@ from pydantic import ValidationError
 
 from serval.backends.base import ModelVersionSpec
 from serval.config import ModelConfig, TransportLimits
-from serval.errors import ConfigError, InvalidInput, ModelNotReady
+from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import ModelDirectory, scan_model
+from serval.repository.store import serving_version
 from serval.repository.triton_config import parse_json, to_model_config
 
 CONFIG_SOURCE = "parameter 'config'"
@@ -87,8 +88,29 @@ def version_spec(directory: ModelDirectory, version: str, override: LoadOverride
                             override.config(directory))
 
 
-def model_config(directory: ModelDirectory, override: LoadOverride | None) -> ModelConfig:
-    return override.config(directory) if override else directory.config()
+def reload_plan(root: Path, name: str, override: LoadOverride | None,
+                public: Callable[[str], str]) -> tuple[ModelDirectory, tuple[str, ...]]:
+    """The folder a reload loads from and the versions it selects (serving.json's pin, else
+    the policy). ModelNotFound; InvalidInput for the override's fault, ModelNotReady for the
+    folder's, each reason as `public` shows it to clients."""
+    directory = model_directory(root, name, override)
+    if directory is None:
+        raise ModelNotFound(f"failed to load '{name}': no model '{name}' in the repository")
+    problem = override.problem(directory) if override else None
+    if problem:
+        raise InvalidInput(f"failed to load '{name}': parameter 'config' is not valid for "
+                           f"model '{name}': {public(problem)}")
+    try:
+        pinned = serving_version(directory.path)
+        config = override.config(directory) if override else directory.config()
+    except ConfigError as exc:
+        raise ModelNotReady(f"failed to load '{name}': {public(str(exc))}") from None
+    selected = (pinned,) if pinned in directory.versions else config.version_policy.select(
+        directory.versions)
+    if not selected:
+        raise ModelNotReady(f"failed to load '{name}': the version policy selects no version "
+                            "folder (e.g. 1/)")
+    return directory, selected
 
 
 def prepare_override(name: str, config: dict[str, Any] | None, files: Mapping[str, bytes],

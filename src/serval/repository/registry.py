@@ -26,7 +26,13 @@ from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotRead
 from serval.repository.context import StepPath, StepRouter, VersionContext
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
-from serval.repository.overrides import LoadOverride, model_config, model_directory, version_spec
+from serval.repository.overrides import (
+    LoadOverride,
+    model_directory,
+    prepare_override,
+    reload_plan,
+    version_spec,
+)
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import serving_version, verify_version
 from serval.stats import Histogram, ModelStats
@@ -111,23 +117,18 @@ class ModelRegistry:
     async def load(self, name: str,
                    override: LoadOverride | dict[str, object] | None = None) -> None:
         """(Re)load a model from disk: new versions load and take over, retired ones drain.
-        With an override (a dict: config.yaml settings), or while one is in force, every
+        With an override (a dict: a config in either form), or while one is in force, every
         selected version reloads (`_swap`).
 
         Raises ModelNotFound for a folder that is not there, ModelNotReady when a selected
         version fails to load; then nothing is retired and the serving versions keep serving.
         """
         if isinstance(override, dict):
-            override = LoadOverride(settings=override)
-        try:
-            check_requested_name(name)
-        except InvalidInput:
-            if override is not None:
-                override.discard()
-            raise
+            override = prepare_override(name, override, {})
         if override is not None or name in self._overrides:
             await self._swap(name, override)
             return
+        check_requested_name(name)
         directory = scan_model(self.root, name)
         if directory is None:
             raise ModelNotFound(f"no model '{name}' in the repository")
@@ -146,10 +147,10 @@ class ModelRegistry:
         """Load every selected version afresh (with the override; None: the folder as it is)
         beside the serving ones; once all are ready they serve and the old ones drain. On a
         failure nothing changes: the serving versions, and their override, keep serving."""
-        lock = self._swaps.setdefault(name, asyncio.Lock())
         committed = False
         try:
-            async with lock:
+            check_requested_name(name)
+            async with self._swaps.setdefault(name, asyncio.Lock()):
                 fresh, selected = await self._load_fresh(name, override)
                 previous = self._overrides.pop(name, None)
                 if override is not None:
@@ -164,23 +165,7 @@ class ModelRegistry:
 
     async def _load_fresh(self, name: str, override: LoadOverride | None
                           ) -> tuple[list[ServedModel], tuple[str, ...]]:
-        directory = model_directory(self.root, name, override)
-        if directory is None:
-            raise ModelNotFound(f"no model '{name}' in the repository")
-        problem = override.problem(directory) if override else None
-        if problem:
-            raise InvalidInput(f"failed to load '{name}': parameter 'config' is not valid for "
-                               f"model '{name}': {self.public_reason(problem)}")
-        try:
-            pinned = serving_version(directory.path)
-            selected = (pinned,) if pinned in directory.versions else model_config(
-                directory, override).version_policy.select(directory.versions)
-        except ConfigError as exc:
-            raise ModelNotReady(f"failed to load '{name}': {self.public_reason(str(exc))}"
-                                ) from None
-        if not selected:
-            raise ModelNotReady(f"failed to load '{name}': the version policy selects no "
-                                "version folder (e.g. 1/)")
+        directory, selected = reload_plan(self.root, name, override, self.public_reason)
         serving = self._models.get(name, {})
         fresh = [ServedModel(name, v, ModelState.UNAVAILABLE, "not loaded", totals=self.totals)
                  for v in selected]

@@ -144,7 +144,7 @@ class HttpApp:
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             if parts[2] == "load":
                 await self.dataplane.load_model(parts[1], params.get("config"),
-                                                _file_parameters(params))
+                                                _file_parameters(parts[1], params))
             else:
                 await self.dataplane.unload_model(parts[1])
             return _status_only(200)
@@ -222,7 +222,7 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     return {**doc, **parameters}
 
 
-def _file_parameters(params: dict[str, Any]) -> dict[str, bytes]:
+def _file_parameters(name: str, params: dict[str, Any]) -> dict[str, bytes]:
     """load's 'file:<path>' parameters, decoded from base64 as tritonclient sends them."""
     files = {}
     for key, value in params.items():
@@ -232,8 +232,8 @@ def _file_parameters(params: dict[str, Any]) -> dict[str, bytes]:
                     raise ValueError
                 files[key] = base64.b64decode(value, validate=True)
             except ValueError:  # binascii.Error too
-                raise InvalidInput(f"parameter {key[:80]!r} must be the file's bytes as base64 "
-                                   "text") from None
+                raise InvalidInput(f"failed to load '{name}': parameter {key[:80]!r} must be "
+                                   "the file's bytes as base64 text") from None
     return files
 
 
