@@ -23,6 +23,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
+from tests import triton_python_models as models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call, infer
 
@@ -217,3 +218,22 @@ def test_only_the_control_scope_may_load_with_overrides(secured: Secured,
     index = triton.InferenceServerClient(server.url).get_model_repository_index(
         headers=reader)
     assert "stolen" not in {entry["name"] for entry in index}
+
+
+def test_a_triton_python_model_loads_from_files(server_factory: Callable[..., RunningServer],
+                                                tmp_path: Path) -> None:
+    server = server_factory(tmp_path, "--model-control", "explicit", "--allow-python-models")
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    tensors = [{"name": name, "data_type": "TYPE_FP32", "dims": [16]}
+               for name in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
+    config = {"name": "py_add_sub", "backend": "python", "max_batch_size": 8,
+              "input": tensors[:2], "output": tensors[2:]}
+    client.load_model("py_add_sub", config=json.dumps(config),
+                      files={"file:1/model.py": models.ADD_SUB.encode()})
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    inputs = [triton_grpc.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    for given in inputs:
+        given.set_data_from_numpy(x)
+    result = client.infer("py_add_sub", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + x)
+    assert not any(tmp_path.iterdir())  # nothing written into the repository
