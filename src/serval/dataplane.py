@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from serval import __version__
@@ -22,7 +23,8 @@ from serval.protocol.classification import classify
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
-from serval.repository.registry import ModelRegistry, not_ready_message
+from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
+from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
 from serval.repository.served import ModelState, ServedModel
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class DataPlane:
         self.repository_api = repository_api  # load/unload allowed (both transports ask here)
         self.max_tensor_elements = max_tensor_elements
         self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
+        self.max_override_bytes = MAX_FILES_BYTES  # a load's files (the server's request limit)
         self._inflight = 0
         self._ready = False
         self._asked: set[str] = set()  # loaded through the API (explicit: they should serve)
@@ -149,11 +152,16 @@ class DataPlane:
         index = self.registry.index()
         return [entry for entry in index if entry["state"] == "READY"] if ready_only else index
 
-    async def load_model(self, name: str, config_override: str | dict[str, Any] | None = None
-                         ) -> None:
-        """(Re)load a model; the override is config.yaml settings as an object or JSON text."""
+    async def load_model(self, name: str, config_override: str | dict[str, Any] | None = None,
+                         files: Mapping[str, bytes] | None = None) -> None:
+        """(Re)load a model, with an override while one is given: `config` (Triton's JSON form
+        or config.yaml settings; an object or JSON text) and `files` ('file:<path>' -> bytes,
+        a config required with them: they replace the model's folder, new models included)."""
         self._require_repository_api("load")
-        override = _config_override(config_override)
+        check_requested_name(name)
+        override = await asyncio.to_thread(prepare_override, name,
+                                           _config_override(config_override), files or {},
+                                           self.max_override_bytes)
         try:
             await self.registry.load(name, override)
         except ModelNotReady:  # asked all the same: it should serve, and does not (as Triton)
@@ -309,7 +317,8 @@ def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | Non
         return value
     if not isinstance(value, str):
         raise InvalidInput("parameter 'config' must be a JSON object of config.yaml settings, "
-                           "or that object as JSON text")
+                           "or that object as JSON text (or Triton's JSON form of a model "
+                           "config)")
     return json_object(value, "parameter 'config'", "a JSON object of config.yaml settings")
 
 

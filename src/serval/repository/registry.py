@@ -5,6 +5,8 @@ one per version at a time (concurrent first requests await the same load) and at
 `max_concurrent_loads` at once. Under a memory budget, idle least-recently-used versions are
 evicted to make room; a pinned or busy version never is. A version is served by the backend its
 config.yaml names, found in the backend table the registry is given (repository/backends.py).
+A load with an override (repository/overrides.py) loads every selected version afresh beside the
+serving ones, which hand over once all are ready; it holds until an unload or a plain load.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotRead
 from serval.repository.context import StepPath, StepRouter, VersionContext
 from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
 from serval.repository.memory import MemoryKeeper
+from serval.repository.overrides import (
+    LoadOverride,
+    model_directory,
+    prepare_override,
+    reload_plan,
+    version_spec,
+)
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import StepNotReady, check_no_loop, steps_of, unready_steps
 from serval.repository.store import serving_version, verify_version
@@ -37,6 +46,7 @@ LOAD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
                   30.0, 60.0)
 
 
+Source = tuple[ModelDirectory | None, LoadOverride | None]  # where a version loads from
 MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
 
@@ -99,7 +109,8 @@ class ModelRegistry:
         self._engine_pool = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
         self._models: dict[str, dict[str, ServedModel]] = {}
         self._selected: dict[str, tuple[str, ...]] = {}  # versions each policy serves
-        self._overrides: dict[str, dict[str, object]] = {}
+        self._overrides: dict[str, LoadOverride] = {}  # in force until unload or plain load
+        self._swaps: dict[str, asyncio.Lock] = {}  # one override load per model at a time
         self.loads = 0
         self.evictions = 0
         self.totals = ModelStats("_all", "")  # every version's metric counters, summed
@@ -117,20 +128,25 @@ class ModelRegistry:
             for name in list(self._models):
                 await self._load_versions(name)
 
-    async def load(self, name: str, override: dict[str, object] | None = None) -> None:
+    async def load(self, name: str,
+                   override: LoadOverride | dict[str, object] | None = None) -> None:
         """(Re)load a model from disk: new versions load and take over, retired ones drain.
+        With an override (a dict: a config in either form), or while one is in force, every
+        selected version reloads (`_swap`).
 
         Raises ModelNotFound for a folder that is not there, ModelNotReady when a selected
         version fails to load; then nothing is retired and the serving versions keep serving.
         """
+        if isinstance(override, dict):
+            override = prepare_override(name, override, {})
+        if override is not None or name in self._overrides:
+            await self._swap(name, override)
+            return
         check_requested_name(name)
         directory = scan_model(self.root, name)
         if directory is None:
             raise ModelNotFound(f"failed to load '{name}': no model folder of that name in the "
                                 "repository")
-        if override is not None:
-            self._check_override(directory, override)
-            self._overrides[name] = override
         retired = self._track(directory)
         if not self._selected[name]:
             reasons = "; ".join(s.reason for s in self._models[name].values()) or (
@@ -142,26 +158,68 @@ class ModelRegistry:
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
 
-    def _check_override(self, directory: ModelDirectory, override: dict[str, object]) -> None:
-        """InvalidInput when the client's override, not the model's own config, is invalid."""
+    async def _swap(self, name: str, override: LoadOverride | None) -> None:
+        """Load every selected version afresh (with the override; None: the folder as it is)
+        beside the serving ones; once all are ready they serve and the old ones drain. On a
+        failure nothing changes: the serving versions, and their override, keep serving."""
+        committed = False
         try:
-            directory.config()
-        except ConfigError:
-            return  # the folder's own config is broken: the load reports it (503)
-        try:
-            directory.config(override)
-        except ConfigError as exc:
-            detail = self.public_reason(str(exc)).split(": ", 1)[-1]
-            raise InvalidInput(f"parameter 'config' is not valid for model '{directory.name}': "
-                               f"{detail}") from None
+            check_requested_name(name)
+            async with self._swaps.setdefault(name, asyncio.Lock()):
+                fresh, selected = await self._load_fresh(name, override)
+                previous = self._overrides.pop(name, None)
+                if override is not None:
+                    self._overrides[name] = override
+                committed = True
+                await self._hand_over(name, fresh, selected)
+                if previous is not None and previous is not override:
+                    previous.discard()
+        finally:
+            if not committed and override is not None:
+                override.discard()
+
+    async def _load_fresh(self, name: str, override: LoadOverride | None
+                          ) -> tuple[list[ServedModel], tuple[str, ...]]:
+        directory, selected = reload_plan(self.root, name, override, self.public_reason)
+        serving = self._models.get(name, {})
+        fresh = [ServedModel(name, v, ModelState.UNAVAILABLE, "not loaded", totals=self.totals)
+                 for v in selected]
+        for served in fresh:
+            if served.version in serving:  # one version's counters go on across reloads
+                served.stats = serving[served.version].stats
+        await asyncio.gather(*(self._load(s, (directory, override)) for s in fresh))
+        failures = [f"version {s.version}: {s.reason}" for s in fresh if not s.ready]
+        if failures:
+            for served in fresh:
+                await self._release(served, ModelState.UNAVAILABLE, "load abandoned")
+            raise ModelNotReady(f"failed to load '{name}': {'; '.join(failures)}")
+        return fresh, selected
+
+    async def _hand_over(self, name: str, fresh: list[ServedModel],
+                         selected: tuple[str, ...]) -> None:
+        """Route to the fresh versions, then let the ones they replace drain and go."""
+        versions = self._models.setdefault(name, {})
+        old = list(versions.values())
+        for served in fresh:
+            versions[served.version] = served
+        self._selected[name] = selected
+        for served in old:
+            if served.loading is not None:  # a load under way: let it finish, then retire it
+                await asyncio.shield(served.loading)
+            await self._retire(served, "replaced by a reload" if served.version in selected
+                               else "retired: the version policy no longer selects it")
 
     async def unload(self, name: str) -> None:
-        """Stop serving every version of a model once its in-flight requests finish."""
+        """Stop serving every version of a model once its in-flight requests finish; an
+        override in force ends with it."""
         versions = self._models.get(name)
         if versions is None:
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
         for served in versions.values():
             await self._retire(served, "unloaded")
+        override = self._overrides.pop(name, None)
+        if override is not None:
+            override.discard()
 
     def index(self) -> list[dict[str, str]]:
         """Every tracked version: name, version, state and reason (Triton's index format)."""
@@ -244,6 +302,8 @@ class ModelRegistry:
         for served in self.all_models():
             await self._release(served, ModelState.UNAVAILABLE, "server stopped")
         self._engine_pool.shutdown(wait=True)
+        for override in self._overrides.values():
+            override.discard()
 
     # loading ---------------------------------------------------------------------------------
 
@@ -252,7 +312,7 @@ class ModelRegistry:
         name = directory.name
         versions = self._models.setdefault(name, {})
         try:
-            policy = directory.config(self._overrides.get(name)).version_policy
+            policy = directory.config().version_policy
             pinned = serving_version(directory.path)
             selected = (pinned,) if pinned in directory.versions else policy.select(
                 directory.versions)
@@ -298,14 +358,14 @@ class ModelRegistry:
         if not served.ready:  # re-read after the await: the load may have failed
             raise ModelNotReady(not_ready_message(served))
 
-    async def _load(self, served: ServedModel) -> None:
+    async def _load(self, served: ServedModel, source: Source | None = None) -> None:
         previous = served.state
         try:
             await self._load_steps(served)  # before taking a slot: a step needs its own
             async with self._load_slots:
                 served.state, served.reason = ModelState.LOADING, "loading"
                 started_ns = time.perf_counter_ns()
-                await self._load_engine(served)
+                await self._load_engine(served, source)
                 self.load_seconds.observe((time.perf_counter_ns() - started_ns) * 1e-9)
         except ModelNotReady as exc:  # no room right now: transient, stays loadable
             served.state, served.reason = previous, exc.message
@@ -320,11 +380,15 @@ class ModelRegistry:
         finally:
             served.loading = None
 
-    async def _load_engine(self, served: ServedModel) -> None:
-        directory = scan_model(self.root, served.name)
+    async def _load_engine(self, served: ServedModel, source: Source | None = None) -> None:
+        """Load from `source`, else from the folder and override the model serves under."""
+        if source is None:
+            override = self._overrides.get(served.name)
+            source = model_directory(self.root, served.name, override), override
+        directory, override = source
         if directory is None:
             raise ConfigError(f"{self.root / served.name}: model folder is gone")
-        spec = directory.version_spec(served.version, self._overrides.get(served.name))
+        spec = version_spec(directory, served.version, override)
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from serval.config import PipelineStep
 from serval.errors import ConfigError, ModelNotFound
-from serval.repository.layout import scan_model
+from serval.repository.overrides import LoadOverride, model_directory
 from serval.repository.served import ModelState, ServedModel
 
 StepsOf = Callable[[str], list[PipelineStep]]
@@ -24,14 +24,14 @@ class StepNotReady(ConfigError):
         self.public = public
 
 
-def steps_of(root: Path, name: str, override: dict[str, object] | None) -> list[PipelineStep]:
-    """The steps a model's config lists ([] for a model that is no pipeline, or whose config
-    is broken: its own load reports that)."""
-    directory = scan_model(root, name)
+def steps_of(root: Path, name: str, override: LoadOverride | None) -> list[PipelineStep]:
+    """The steps a model's config lists, with the load override in force ([] for a model
+    that is no pipeline, or whose config is broken: its own load reports that)."""
+    directory = model_directory(root, name, override)
     if directory is None:
         return []
     try:
-        return list(directory.config(override).steps)
+        return list((override.config(directory) if override else directory.config()).steps)
     except ConfigError:
         return []
 

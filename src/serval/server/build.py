@@ -86,6 +86,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
     guards = TransportGuards.build(config.limits)
+    dataplane.max_override_bytes = max(guards.limits.max_request_bytes,  # a load's files
+                                       guards.limits.max_message_bytes)
     app = HttpApp(dataplane, build_metrics(registry, config.metrics_top_k), auth, status,
                   guards.limits.max_request_bytes)
     return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)

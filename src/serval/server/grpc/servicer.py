@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
-from serval.errors import ServalError
+from serval.errors import InvalidInput, ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
@@ -109,13 +109,22 @@ class InferenceServicer:
 
     async def RepositoryModelLoad(self, request: Any, context: Context) -> Any:
         await self._authorize(context, Action.ADMIN)
-        override = None
-        if "config" in request.parameters:
-            parameter = request.parameters["config"]
-            override = parameter.string_param or parameter.bytes_param.decode(errors="replace")
-        await _await(context, "RepositoryModelLoad",
-                     self.dataplane.load_model(request.model_name, override))
+        await _await(context, "RepositoryModelLoad", self._load(request))
         return pb.RepositoryModelLoadResponse()
+
+    async def _load(self, request: Any) -> None:
+        """Load with `config` (string_param) and 'file:<path>' overrides (bytes_param)."""
+        override, files = None, {}
+        for key, parameter in request.parameters.items():
+            if key == "config":
+                override = parameter.string_param or parameter.bytes_param.decode(
+                    errors="replace")
+            elif key.startswith("file:"):
+                if parameter.WhichOneof("parameter_choice") != "bytes_param":
+                    raise InvalidInput(f"failed to load '{request.model_name}': parameter "
+                                       f"{key[:80]!r} must be a bytes_param (the file's bytes)")
+                files[key] = parameter.bytes_param
+        await self.dataplane.load_model(request.model_name, override, files)
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
         await self._authorize(context, Action.ADMIN)

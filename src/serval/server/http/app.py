@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import time
@@ -143,7 +144,8 @@ class HttpApp:
             return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             if parts[2] == "load":
-                await self.dataplane.load_model(parts[1], params.get("config"))
+                await self.dataplane.load_model(parts[1], params.get("config"),
+                                                _file_parameters(parts[1], params))
             else:
                 await self.dataplane.unload_model(parts[1])
             return _status_only(200)
@@ -219,6 +221,21 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
     return {**doc, **parameters}
+
+
+def _file_parameters(name: str, params: dict[str, Any]) -> dict[str, bytes]:
+    """load's 'file:<path>' parameters, decoded from base64 as tritonclient sends them."""
+    files = {}
+    for key, value in params.items():
+        if key.startswith("file:"):
+            try:
+                if not isinstance(value, str):
+                    raise ValueError
+                files[key] = base64.b64decode(value, validate=True)
+            except ValueError:  # binascii.Error too
+                raise InvalidInput(f"failed to load '{name}': parameter {key[:80]!r} must be "
+                                   "the file's bytes as base64 text") from None
+    return files
 
 
 MAX_TIMEOUT_MS = 86_400_000.0  # one day: a longer Serval-Timeout-Ms is a client mistake

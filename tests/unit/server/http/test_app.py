@@ -1,12 +1,12 @@
 """The HTTP app's header readers: timeouts, lengths and content encodings refused with a
-precise 400."""
+precise 400; load's file parameters decoded from base64."""
 
 from __future__ import annotations
 
 import pytest
 
 from serval.errors import InvalidInput
-from serval.server.http.app import _decompress, _header_length, _timeout_ms
+from serval.server.http.app import _decompress, _file_parameters, _header_length, _timeout_ms
 
 pytestmark = pytest.mark.unit
 
@@ -33,3 +33,12 @@ def test_a_non_utf8_content_encoding_is_shown_escaped() -> None:
     with pytest.raises(InvalidInput) as caught:
         _decompress(b"x", b"\xff\xfe", 100)
     assert caught.value.message.startswith("Content-Encoding '\\xff\\xfe' is not supported")
+
+
+def test_file_parameters_are_base64_and_other_parameters_are_left_alone() -> None:
+    params = {"config": "{}", "file:1/model.onnx": "b25ueA==", "ready": True}
+    assert _file_parameters("m", params) == {"file:1/model.onnx": b"onnx"}
+    for value in ("not base64!", 5, "é"):
+        with pytest.raises(InvalidInput, match="failed to load 'm': parameter 'file:1/a' must "
+                                               "be the file's bytes as base64"):
+            _file_parameters("m", {"file:1/a": value})
