@@ -69,6 +69,10 @@ proto: $(STAMP)
 		$(GRPC_DIR)/grpc_service.proto
 	sed -i 's/^import model_config_pb2 as/from serval.protocol.grpc import model_config_pb2 as/' \
 		$(GRPC_DIR)/grpc_service_pb2.py $(GRPC_DIR)/grpc_service_pb2.pyi
+	@# built in Serval's own descriptor pool (pool.py), beside tritonclient's identical symbols
+	sed -i -e 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/DESCRIPTOR = _serval_pool.POOL.AddSerializedFile(/' \
+		-e 's/^# @@protoc_insertion_point(imports)$$/&\nfrom serval.protocol.grpc import pool as _serval_pool/' \
+		$(GRPC_DIR)/model_config_pb2.py $(GRPC_DIR)/grpc_service_pb2.py
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache

@@ -1,8 +1,4 @@
-"""tritonclient.grpc against a real server: the gRPC twin of every HTTP behaviour.
-
-Never import serval.protocol.grpc (or serval.server.grpc) here: its protobuf symbols clash with
-tritonclient's.
-"""
+"""tritonclient.grpc against a real server: the gRPC twin of every HTTP behaviour."""
 
 from __future__ import annotations
 

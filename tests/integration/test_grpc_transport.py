@@ -1,8 +1,5 @@
 """Serval's HTTP/2 gRPC transport against real clients: flow control, compression, limits,
 protocol abuse, drain on SIGTERM, and the raw-HTTP/2 load generator.
-
-Never import serval.protocol.grpc (or serval.server.grpc) here: its protobuf symbols clash with
-tritonclient's.
 """
 
 from __future__ import annotations

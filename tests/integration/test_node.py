@@ -1,9 +1,6 @@
 """A node behind HAProxy: every answer names its node (serval-node), on both transports and on
 errors and refusals too; the agent check (up / weight / not ready / drain); on SIGTERM the drain
 delay (not ready, still serving) before the listeners close.
-
-Never import serval.protocol.grpc (or serval.server.grpc) here: its protobuf symbols clash with
-tritonclient's (the in-process server runs without gRPC).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 order with ids and `triton_final_response`, ModelReady false for unknown versions, the
 classification extension, strict readiness, and Triton's error words. tritonclient on both
 transports against a real server.
-
-Never import serval.protocol.grpc here: its protobuf symbols clash with tritonclient's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """A raw HTTP/2 client for attacks: hand-built frames on a blocking socket, and what came back.
 
-Built on serval.http2's frame and HPACK helpers only (never serval.protocol.grpc: its protobuf
-symbols clash with tritonclient's).
+Built on serval.http2's frame and HPACK helpers only.
 """
 
 from __future__ import annotations
