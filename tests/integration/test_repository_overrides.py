@@ -158,7 +158,8 @@ def test_http_files_load_a_new_model_and_garbage_keeps_the_old_one(
     assert "serval-load" not in str(caught.value)  # no path of the server's private folder
     np.testing.assert_array_equal(_http_infer(client, "uploaded", 1, headers), before)
     client.unload_model("uploaded", headers=headers)
-    with pytest.raises(InferenceServerException, match="failed to load 'uploaded': no model folder"):
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'uploaded': no model folder"):
         client.load_model("uploaded", headers=headers)  # the files went with the unload
 
 
