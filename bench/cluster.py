@@ -342,10 +342,17 @@ def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> di
         errors = sum(m.step.failed for m in direct + proxied)
         used = statistics.median(m.node_cpus for m in proxied)
         note = ""
-        if ratio < GOAL_EFFICIENCY and used < 0.9 * args.nodes * args.node_cpus:
-            note = (f" [nodes used {used:.2f} of their {args.nodes * args.node_cpus:g} CPU: "
-                    "starved outside their quota, i.e. the shared cores (proxy, generator, "
-                    "other work) are the limit, not the nodes]")
+        if ratio < GOAL_EFFICIENCY:
+            rps = statistics.median(m.step.throughput_rps for m in proxied)
+            proxy_cpus = statistics.median(m.proxy_ms for m in proxied) * rps / 1000
+            gen_cpus = statistics.median(m.client_ms for m in proxied) * rps / 1000
+            idle = statistics.median(m.idle for m in proxied)
+            note = (f" [while proxied: nodes {used:.2f} of their {args.nodes * args.node_cpus:g} "
+                    f"CPU quota, HAProxy {proxy_cpus:.2f} CPU, generator {gen_cpus:.2f} CPU, "
+                    f"box idle {idle:.0%} of {len(os.sched_getaffinity(0))} cores"
+                    + ("; the nodes were starved below their quota: the shared cores are the "
+                       "limit, not the nodes" if used < 0.9 * args.nodes * args.node_cpus
+                       else "") + "]")
         _verdict(verdicts, ratio >= GOAL_EFFICIENCY and errors == 0,
                  f"efficiency {model} {protocol}: {ratio:.2f} of {args.nodes} x direct "
                  f"(goal >= {GOAL_EFFICIENCY}), {errors} errors{note}")
