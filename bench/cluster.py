@@ -4,14 +4,17 @@ machine, every figure a ratio measured in one run, printed with PASS/MISS agains
 1. efficiency: N nodes (--nodes, default 2) each held to --node-cpus (default 0.5) by a cgroup
    CPU quota, `mlp` and `lstm` at --clients (64), REST JSON, REST binary tensors and gRPC:
    throughput through the proxy / (N x one node at the same quota served directly), median of
-   --repeats (goal >= 0.9). Also the proxy's CPU per request (its worker's utime+stime from /proc
-   over the run / answers), the load generator's own CPU per request, the box's idle share, and
-   the proxy's added p50 at 1 client. The generator (serval.loadtest closed loops, HTTP and raw
+   --repeats (goal >= 0.9); also proxied / the same clients split over the N nodes' own ports
+   at once (the proxy's own cost at equal per-node concurrency). Also the proxy's CPU per
+   request (its worker's utime+stime from /proc over the run / answers), the load generator's
+   own CPU per request, the nodes' CPU against their quota, the box's idle share, and the
+   proxy's added p50 at 1 client. The generator (serval.loadtest closed loops, HTTP and raw
    HTTP/2 gRPC) and HAProxy run outside the node cgroups, on the same 2 cores.
 2. locality: --models (10,000) tiny ONNX heads in a temporary repository, 4 nodes each with a
    --memory-budget holding 30% of them, a Zipf(1.1) i.i.d. stream at --clients after a warm-up:
    share of requests that found their model resident on the node that served them (from each
-   node's /status cache_hits/cache_misses deltas; goal >= 95%), resident copies (sum over nodes of
+   node's /status cache_hits/cache_misses deltas; goal >= 95%; the same share with the first-ever
+   requests of a model left out, since no node can hold those), resident copies (sum over nodes of
    READY models) / distinct models requested (goal <= 1.3), errors (goal 0). `--hot-rate` and
    `--balance-factor` set the proxy's ProxySettings.
 3. loss: 3 nodes at the quota under a model mix; `kill -9` one node: failed requests (goal 0: the
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import os
 import resource
@@ -288,17 +292,21 @@ def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> di
                 proxy_port = cluster.spec.grpc_port if grpc else cluster.spec.http_port
                 assert direct_port and proxy_port
                 load(proxy_port, args.clients, 2.0, 0.5)  # every node loads the model
-                direct, proxied, spread = [], [], []
+                direct: list[_Measured] = []
+                proxied: list[_Measured] = []
+                spread: list[_Measured] = []
+                heavy = functools.partial(load, clients=args.clients, duration=args.duration,
+                                          warmup=1.0)
+                light = functools.partial(load, clients=1, duration=args.duration / 2,
+                                          warmup=0.5)
                 for _ in range(args.repeats):
                     spread.append(_measure(all_direct, None, node_pids))
-                    direct.append(_measure(lambda p=direct_port: load(
-                        p, args.clients, args.duration, 1.0), None, node_pids))
-                    proxied.append(_measure(lambda p=proxy_port: load(
-                        p, args.clients, args.duration, 1.0), proxy_pid, node_pids))
-                one_direct = _measure(lambda p=direct_port: load(p, 1, args.duration / 2, 0.5),
-                                      None, node_pids)
-                one_proxy = _measure(lambda p=proxy_port: load(p, 1, args.duration / 2, 0.5),
-                                     proxy_pid, node_pids)
+                    direct.append(_measure(functools.partial(heavy, direct_port), None,
+                                           node_pids))
+                    proxied.append(_measure(functools.partial(heavy, proxy_port), proxy_pid,
+                                            node_pids))
+                one_direct = _measure(functools.partial(light, direct_port), None, node_pids)
+                one_proxy = _measure(functools.partial(light, proxy_port), proxy_pid, node_pids)
                 rows.append((model, protocol, direct, proxied, one_direct, one_proxy))
                 spreads[(model, protocol)] = spread
                 _efficiency_row(args, *rows[-1])
@@ -390,8 +398,8 @@ def _together(load: Callable[..., StepResult], ports: list[int], clients: int,
 
 
 def _spread_ratio(spread: list[_Measured], proxied: list[_Measured]) -> float:
-    return statistics.median(p.step.throughput_rps / max(1e-9, d.step.throughput_rps)
-                             for d, p in zip(spread, proxied, strict=True))
+    return float(statistics.median(p.step.throughput_rps / max(1e-9, d.step.throughput_rps)
+                                   for d, p in zip(spread, proxied, strict=True)))
 
 
 def _ratios(args: argparse.Namespace, direct: list[_Measured], proxied: list[_Measured]
@@ -447,8 +455,9 @@ _HEAD_BODY = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape":
 
 
 def _head_request(name: str) -> bytes:
-    return encode_http_request("POST", f"/v2/models/{name}/infer", _HEAD_BODY,
-                               {"Content-Type": "application/json"}, HOST)
+    request: bytes = encode_http_request("POST", f"/v2/models/{name}/infer", _HEAD_BODY,
+                                         {"Content-Type": "application/json"}, HOST)
+    return request
 
 
 def _zipf_picks(count: int, exponent: float, draws: int, seed: int = 7) -> np.ndarray:
@@ -472,8 +481,8 @@ def _locality(args: argparse.Namespace, work: Path, verdicts: list[str]) -> None
     print(f"\n[locality] generated {len(names):,} models in {time.perf_counter() - started:.0f} s; "
           f"budget {budget / 2**20:.0f} MiB per node = {share:.0%} of them "
           f"({model_bytes / 1024:.0f} KiB each as the registry counts)", flush=True)
-    picks = _zipf_picks(len(names), 1.1, 2_000_000)
-    requests = [_head_request(names[i]) for i in picks[:400_000]]
+    picks = _zipf_picks(len(names), 1.1, 500_000)
+    requests = [_head_request(names[i]) for i in picks]
     node_args = ("--memory-budget", str(budget))
     with _cluster(work, "locality", repo, nodes, None, args, node_args) as cluster:
         load = TimelineLoad(HOST, cluster.spec.http_port, requests, args.clients).start()
@@ -493,7 +502,7 @@ def _locality(args: argparse.Namespace, work: Path, verdicts: list[str]) -> None
                                           b"{}") for n in cluster.nodes}
     distinct = len(set(picks[:min(sent, len(requests))].tolist()))
     # first-ever requests of a model inside the measured window: no node can hold it yet
-    _, first_index = np.unique(picks[:sent_after], return_index=True)
+    _, first_index = np.unique(picks[:min(sent_after, len(picks))], return_index=True)
     compulsory = int(np.count_nonzero(first_index >= sent_before))
     measured_answers = load.answers(int(mark) + 1, int(end))
     rps = measured_answers / max(1, int(end) - int(mark) - 1)
@@ -569,7 +578,9 @@ def _loss(args: argparse.Namespace, work: Path, verdicts: list[str]) -> None:
         load = TimelineLoad(HOST, cluster.spec.http_port, requests, args.clients).start()
         time.sleep(3 + steady_s)
         killed_at = load.now_s()
-        cluster.node(victim).process.kill()  # type: ignore[union-attr]
+        process = cluster.node(victim).process
+        assert process is not None
+        process.kill()
         time.sleep(steady_s)
         restart_from = load.now_s()
         cluster.restart_node(victim)
@@ -642,11 +653,11 @@ def _publish(args: argparse.Namespace, work: Path, verdicts: list[str]) -> None:
           f"repository {nodes} nodes poll every 0.5 s; {args.clients} clients on mlp + lstm ==")
     print(f"{'s':>4}{'req/s':>8}" + "".join(f"{n:>8}" for n in names)
           + f"{'mlp v1':>8}{f'mlp v{version}':>8}{'errors':>8}")
-    for second, total, by_node, errors in load.per_second(1, int(end)):
+    for second, total, by_node, failed in load.per_second(1, int(end)):
         v1 = sum(c for (s, _, v), c in load.ok.items() if s == second and v == "mlp:1")
         v2 = sum(c for (s, _, v), c in load.ok.items() if s == second and v == f"mlp:{version}")
         print(f"{second:>4}{total:>8,}" + "".join(f"{by_node.get(n, 0):>8,}" for n in names)
-              + f"{v1:>8,}{v2:>8,}{errors:>8}"
+              + f"{v1:>8,}{v2:>8,}{failed:>8}"
               + ("  <- publish" if second == int(published_at) else ""))
     print(f"{'node':<8}{'v1 last':>10}{'v2 first':>10}   (s after the publish; mlp answers)")
     switched = []

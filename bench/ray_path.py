@@ -5,8 +5,9 @@ in one cgroup capped at `quota_cpus` (the same CPU as the HAProxy cluster it is 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from serval.cluster.cpu import CGROUP_ROOT, PERIOD_US
@@ -40,7 +41,7 @@ def ray_lstm(repo: Path, requests: list[bytes], clients: int, duration_s: float,
 
 
 @contextlib.contextmanager
-def _in_cgroup(quota_cpus: float) -> Iterator[object]:
+def _in_cgroup(quota_cpus: float) -> Iterator[Callable[[], None]]:
     """This process joins a cgroup v1 `cpu` group capped at quota_cpus, so that what it starts
     (Ray's processes) is capped too; yields a function that moves this process back out."""
     root = CGROUP_ROOT / "cpu"
@@ -69,10 +70,10 @@ def _ray(num_cpus: int, port: int) -> Iterator[None]:
     from ray import serve
 
     ray.init(num_cpus=num_cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             logging_level="WARNING", log_to_driver=False)
+             logging_level=logging.WARNING, log_to_driver=False)
     try:
         serve.start(http_options={"host": HOST, "port": port})
         yield
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()

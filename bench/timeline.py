@@ -82,6 +82,7 @@ class TimelineLoad:
     # the loop -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        loop: asyncio.AbstractEventLoop
         try:
             import uvloop
             loop = uvloop.new_event_loop()
@@ -113,7 +114,6 @@ class TimelineLoad:
                 self._error("connection")
                 await asyncio.sleep(0.05)
                 continue
-            conn = cast(_Connection, conn)
             self._conns.add(conn)
             conn.send_next()
             await conn.closed
