@@ -358,13 +358,23 @@ def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> di
             note = (f" [while proxied: nodes {used:.2f} of their {args.nodes * args.node_cpus:g} "
                     f"CPU quota, HAProxy {proxy_cpus:.2f} CPU, generator {gen_cpus:.2f} CPU, "
                     f"box idle {idle:.0%} of {len(os.sched_getaffinity(0))} cores"
-                    + ("; the nodes were starved below their quota: the shared cores are the "
-                       "limit, not the nodes" if used < 0.9 * args.nodes * args.node_cpus
-                       else "") + "]")
+                    + _starved_note(used < 0.9 * args.nodes * args.node_cpus, idle, protocol)
+                    + "]")
         _verdict(verdicts, ratio >= GOAL_EFFICIENCY and errors == 0,
                  f"efficiency {model} {protocol}: {ratio:.2f} of {args.nodes} x direct "
                  f"(goal >= {GOAL_EFFICIENCY}), {errors} errors{note}")
     return result
+
+
+def _starved_note(starved: bool, idle: float, protocol: str) -> str:
+    """Why the nodes stayed below their quota through the proxy, as far as the run shows."""
+    if not starved:
+        return ""
+    if idle < 0.1:
+        return "; the nodes were starved below their quota: the shared cores are the limit"
+    return ("; the nodes stayed below their quota with cores idle: the proxied path does not "
+            "keep them busy" + (" (HAProxy carries every gRPC call to a node on one HTTP/2 "
+                                "connection)" if protocol == "gRPC" else ""))
 
 
 def _efficiency_row(args: argparse.Namespace, model: str, protocol: str, direct: list[_Measured],
