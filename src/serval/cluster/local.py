@@ -192,6 +192,23 @@ class LocalCluster:
             local.process.send_signal(signal.SIGTERM)
             self._reap(local)
 
+    def restart_node(self, name: str) -> LocalNode:
+        """Start a local node that exited (killed, crashed) again on its own ports, id and CPU
+        share; returns once it is ready (the proxy's health check then brings it back)."""
+        local = next((n for n in self.nodes if n.node.name == name), None)
+        if local is None:
+            raise ConfigError(f"no local node named {name} (nodes: {', '.join(self.names())})")
+        if local.alive():
+            raise ConfigError(f"{name} is running (pid {local.pid})")
+        if local.process is not None:
+            local.process.wait()  # reap it
+        local.restarts += 1
+        local.died_at = None
+        self._spawn(local, local.share)
+        self._wait_ready(local)
+        self._save_state()
+        return local
+
     def names(self) -> list[str]:
         return [n.node.name for n in self.nodes] + [n.name for n in self.remote]
 

@@ -1,0 +1,79 @@
+"""The Ray Serve path of bench/cluster.py --ray (the former bench/cluster.py's Ray code): Serval's
+data plane behind Ray Serve's HTTP proxy and the Serval ingress, one replica, every Ray process
+in one cgroup capped at `quota_cpus` (the same CPU as the HAProxy cluster it is compared with)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from serval.cluster.cpu import CGROUP_ROOT, PERIOD_US
+from serval.cluster.local import free_port
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.loadtest.stats import StepResult
+
+HOST = "127.0.0.1"
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def ray_lstm(repo: Path, requests: list[bytes], clients: int, duration_s: float,
+             quota_cpus: float) -> StepResult:
+    """`lstm` requests at `clients` through Ray Serve (proxy + ingress + one replica)."""
+    from ray import serve
+
+    from serval.cluster.ray import build_app
+
+    port = free_port()
+    with _in_cgroup(quota_cpus) as leave, _ray(num_cpus=2, port=port):
+        serve.run(build_app({"repository": str(repo), "num_replicas": 1, "replica_cpus": 1,
+                             "max_ongoing_requests": 256, "poll_interval_s": 0,
+                             "ingress": True}),
+                  name="serval", route_prefix="/")
+        leave()  # Ray's processes stay capped; the load generator leaves the cgroup
+        try:
+            run_closed_loop(HOST, port, requests, clients, 3.0, 1.0)  # warm the path
+            return run_closed_loop(HOST, port, requests, clients, duration_s, 2.0)
+        finally:
+            serve.delete("serval")
+
+
+@contextlib.contextmanager
+def _in_cgroup(quota_cpus: float) -> Iterator[Callable[[], None]]:
+    """This process joins a cgroup v1 `cpu` group capped at quota_cpus, so that what it starts
+    (Ray's processes) is capped too; yields a function that moves this process back out."""
+    root = CGROUP_ROOT / "cpu"
+    group = root / f"serval-benchcl-ray-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(int(quota_cpus * PERIOD_US)))
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    def leave() -> None:
+        (root / "cgroup.procs").write_text(str(os.getpid()))
+
+    try:
+        yield leave
+    finally:
+        leave()
+        # Ray's processes are gone once _ray() has shut down; then the group can go
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+@contextlib.contextmanager
+def _ray(num_cpus: int, port: int) -> Iterator[None]:
+    """A local single-node Ray, Serve's HTTP on `port`; always shut down."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=num_cpus, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+             logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": HOST, "port": port})
+        yield
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
