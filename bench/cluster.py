@@ -127,6 +127,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--hot-rate", type=int, default=ProxySettings.hot_rate)
     parser.add_argument("--balance-factor", type=int, default=ProxySettings.balance_factor)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    parser.add_argument("--node-arg", action="append", default=[],
+                        help="one more `serve` flag for every node (repeat: --node-arg=--x)")
+    parser.add_argument("--efficiency-models", default="mlp,lstm")
     args = parser.parse_args()
     args.only = {p.strip() for p in args.only.split(",") if p.strip()}
     if unknown := args.only - set(PARTS):
@@ -259,11 +262,12 @@ def _measure(run: Callable[[], StepResult], proxy_pid: int | None,
 
 
 def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> dict[str, Any]:
-    models = ("mlp", "lstm")
+    models = tuple(args.efficiency_models.split(","))
     repo = _example_repo(work, args, models)
     rows: list[tuple[str, str, list[_Measured], list[_Measured], _Measured, _Measured]] = []
     spreads: dict[tuple[str, str], list[_Measured]] = {}
-    with _cluster(work, "efficiency", repo, args.nodes, args.node_cpus, args) as cluster:
+    with _cluster(work, "efficiency", repo, args.nodes, args.node_cpus, args,
+                  tuple(args.node_arg)) as cluster:
         node = cluster.nodes[0].node
         proxy_pid = _proxy_worker(cluster)
         node_pids = [n.pid for n in cluster.nodes if n.pid]

@@ -57,11 +57,12 @@ def _string_add_sub(root: Path, name: str) -> None:
 
 
 def _identity(root: Path, name: str) -> None:
-    io = [helper.make_tensor_value_info(n, TensorProto.STRING, ["batch", 1])
+    """BYTES [B,-1] -> the same (the string examples send [1,16])."""
+    io = [helper.make_tensor_value_info(n, TensorProto.STRING, ["batch", "width"])
           for n in ("INPUT0", "OUTPUT0")]
     graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
                               name, io[:1], io[1:])
-    _write(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0"], ["OUTPUT0"], 1))
+    _write(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0"], ["OUTPUT0"], -1))
 
 
 def build(root: Path) -> Path:

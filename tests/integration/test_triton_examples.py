@@ -237,3 +237,39 @@ def _bytes_tensor(raw: bytes) -> list[bytes]:
         items.append(raw[offset + 4:offset + 4 + size])
         offset += 4 + size
     return items
+
+
+def test_grpc_contents_beside_raw_contents_is_refused_as_triton_words_it(
+        server: RunningServer) -> None:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        contents = [service_pb2.InferTensorContents(int_contents=list(map(int, x.reshape(16))))
+                    for x in (INPUT0, INPUT1)]
+        request = _explicit_request("simple", contents, "INT32")
+        request.raw_input_contents.append(INPUT0.tobytes())
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "contents field must not be specified when using raw_input_contents for 'INPUT0' " \
+           "for model 'simple'" in str(caught.value.details())
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+@pytest.mark.parametrize("version", ["wrong_specification", "-1"])
+def test_a_version_that_is_no_number_is_an_invalid_argument(server: RunningServer,
+                                                             transport: str,
+                                                             version: str) -> None:
+    module = httpclient if transport == "http" else grpcclient
+    client = (httpclient.InferenceServerClient(server.url) if transport == "http"
+              else grpcclient.InferenceServerClient(server.grpc_url))
+    with pytest.raises(InferenceServerException,
+                       match="version should be an integral value > 0") as caught:
+        client.infer("simple", _inputs(module, INPUT0, INPUT1), model_version=version)
+    assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+
+
+def test_an_extension_not_served_is_not_found(server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.unregister_system_shared_memory()
+    assert caught.value.status() == "404"

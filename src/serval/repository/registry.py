@@ -259,6 +259,9 @@ class ModelRegistry:
             return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
+            if not version.isdigit() or int(version) < 1:  # Triton's words
+                raise InvalidInput(f"failed to get model version from specified version string "
+                                   f"'{version}', version should be an integral value > 0")
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' version {version} is not found; "
                                 f"versions: {', '.join(versions)}")
         return served

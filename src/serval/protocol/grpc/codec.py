@@ -19,6 +19,12 @@ from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     """Inputs from raw_input_contents (one entry per input) or from typed contents."""
     raw = message.raw_input_contents
+    if raw:  # Triton's rule and words: raw for every input, and then no typed contents
+        for tensor in message.inputs:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"contents field must not be specified when using "
+                                   f"raw_input_contents for '{tensor.name}' for model "
+                                   f"'{message.model_name}'")
     if raw and len(raw) != len(message.inputs):
         raise InvalidInput(
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; "

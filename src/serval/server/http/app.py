@@ -37,6 +37,9 @@ Reply = tuple[int, bytes, Headers]
 _MODEL_ACTIONS = ("", "ready", "config", "stats", "infer")
 
 
+_SERVER_PATHS: tuple[list[str], ...] = (  # the GET routes of _server_route
+    [], ["health", "live"], ["health", "ready"], ["models", "stats"], ["openapi.json"])
+
 class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""
 
@@ -100,6 +103,8 @@ class HttpApp:
 
     def _server_route(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":
+            if parts not in _SERVER_PATHS:  # no such route (e.g. an extension not served)
+                return _not_found(method, "/v2/" + "/".join(parts))
             return _method_not_allowed(method, "/v2/" + "/".join(parts))
         if parts == []:
             return _json(self.dataplane.server_metadata())
