@@ -117,7 +117,7 @@ class DataPlane:
         not know (as Triton). A pipeline is ready only while every step's model is."""
         try:
             served = self.registry.get(name, version)
-        except ModelNotFound:
+        except (ModelNotFound, InvalidInput):  # a version string that is no number too
             return False
         return served.state is ModelState.READY and not self.registry.unready_steps(served)
 

@@ -84,10 +84,14 @@ def _served(cluster: LocalCluster, model: str) -> Counter[str]:
             continue
         node = local.node
         connection = http.client.HTTPConnection(node.host, node.http_port, timeout=5)
-        connection.request("GET", f"/v2/models/{model}/stats")
-        response = connection.getresponse()
-        body = response.read()
-        connection.close()
+        try:
+            connection.request("GET", f"/v2/models/{model}/stats")
+            response = connection.getresponse()
+            body = response.read()
+        except OSError:  # (re)starting: not listening yet
+            continue
+        finally:
+            connection.close()
         if response.status == 200:
             stats = orjson.loads(body)["model_stats"]
             counts[node.name] += sum(int(s.get("inference_count", 0)) for s in stats)
@@ -190,10 +194,11 @@ def test_a_node_killed_mid_load_fails_no_request_and_comes_back(cluster: LocalCl
             cluster.watch()  # what `serval cluster up` runs: the node is restarted
             time.sleep(0.05)
         assert victim.alive()
-        deadline = time.monotonic() + 60  # the proxy's health check sees it again
-        while _home(cluster, models[0]) != victim.node.name and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60  # the proxy's health check sees it: it serves again
+        while time.monotonic() < deadline and not any(
+                _served(cluster, model).get(victim.node.name) for model in models):
             time.sleep(0.1)
-        assert _home(cluster, models[0]) == victim.node.name
+        assert any(_served(cluster, model).get(victim.node.name) for model in models)
         load.wait_for(load.done + 300)
     assert load.errors == [], load.errors[:5]
 
