@@ -10,12 +10,10 @@ from typing import Any
 from serval.backends.base import ModelMetadata, ModelVersionSpec
 from serval.config import TensorConfig, VersionPolicy
 from serval.errors import ConfigError
-from serval.protocol.dtypes import DATATYPES
+from serval.protocol.dtypes import CONFIG_DATATYPES, from_config_type, lookup
 from serval.protocol.types import TensorSpec
 
 PLATFORM = "python"
-_V2_OF_CONFIG: dict[str, str] = {dt.config: dt.name for dt in DATATYPES}
-_CONFIG_OF_V2: dict[str, str] = {dt.name: dt.config for dt in DATATYPES}
 
 
 def triton_model_config(spec: ModelVersionSpec) -> dict[str, Any]:
@@ -119,11 +117,11 @@ def _spec(tensor: dict[str, Any], batch: tuple[int, ...], where: str) -> TensorS
     name = tensor.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: every input and output needs a name")
-    datatype = _V2_OF_CONFIG.get(str(tensor.get("data_type")))
+    datatype = from_config_type(str(tensor.get("data_type")))
     if datatype is None:
         raise ConfigError(f"{where}: tensor '{name}' has data_type "
                           f"{tensor.get('data_type')!r}; expected one of "
-                          f"{', '.join(_V2_OF_CONFIG)}")
+                          f"{', '.join(CONFIG_DATATYPES)}")
     try:
         dims = tuple(int(d) for d in tensor.get("dims", []))
     except (TypeError, ValueError):
@@ -135,7 +133,7 @@ def _spec(tensor: dict[str, Any], batch: tuple[int, ...], where: str) -> TensorS
 
 
 def _tensor(tensor: TensorConfig) -> dict[str, Any]:
-    return {"name": tensor.name, "data_type": _CONFIG_OF_V2[tensor.datatype],
+    return {"name": tensor.name, "data_type": lookup(tensor.datatype).config,
             "dims": list(tensor.dims)}
 
 

@@ -118,12 +118,16 @@ def _serve_requests(cluster: LocalCluster) -> None:
             typer.echo(f"serval cluster: {request['op']} {reply['name']}: done")
 
 
-def _owner(http_port: int) -> int:
+def _ask(http_port: int, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Hand a membership request to the `up` process on this port; its reply, or exit 1."""
     state = read_state(http_port)
     if state is None:
         fail(f"no local cluster runs with its proxy on port {http_port} "
              "(start one with: serval cluster up)", 1)
-    return int(str(state["pid"]))
+    reply = control.submit(run_dir_for(http_port), int(str(state["pid"])), request, timeout_s)
+    if not reply.get("ok"):
+        fail(str(reply.get("error")), 1)
+    return reply
 
 
 @app.command("add-node", cls=ServalCommand)
@@ -135,11 +139,7 @@ def add_node_command(
 ) -> None:
     """Add a node to a running local cluster; the proxy reloads without dropping a
     connection."""
-    pid = _owner(http_port)
-    reply = control.submit(run_dir_for(http_port), pid, {"op": "add", "address": address},
-                           timeout_s=180)
-    if not reply.get("ok"):
-        fail(str(reply.get("error")), 1)
+    reply = _ask(http_port, {"op": "add", "address": address}, timeout_s=180)
     typer.echo(f"added {reply['name']} ({reply['http']})")
 
 
@@ -149,11 +149,7 @@ def remove_node_command(
     http_port: int = HTTP_PORT,
 ) -> None:
     """Take a node out: the proxy stops sending to it, then a local node drains and exits."""
-    pid = _owner(http_port)
-    reply = control.submit(run_dir_for(http_port), pid, {"op": "remove", "name": name},
-                           timeout_s=120)
-    if not reply.get("ok"):
-        fail(str(reply.get("error")), 1)
+    _ask(http_port, {"op": "remove", "name": name}, timeout_s=120)
     typer.echo(f"removed {name}")
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,18 @@ RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 def run_dir_for(http_port: int) -> Path:
     """Where a local cluster whose proxy listens on `http_port` keeps its state."""
     return Path(tempfile.gettempdir()) / f"serval-cluster-{http_port}"
+
+
+def private_folder(path: Path) -> Path:
+    """PATH made (0700) or checked: ours and not writable by others. The run folder holds the
+    proxy's admin socket and the membership requests the `up` process acts on, at a name anyone
+    on the machine can predict."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ConfigError(f"the cluster's run folder {path} is not a private folder of this "
+                          "user (another user's, a link, or writable by others): remove it")
+    return path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -86,8 +99,7 @@ class LocalCluster:
         if spec.node_cpus is not None and spec.node_cpus <= 0:
             raise ConfigError(f"--node-cpus must be > 0 (got {spec.node_cpus})")
         self.spec = spec
-        self.run_dir = spec.run_dir or run_dir_for(spec.http_port)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = private_folder(spec.run_dir or run_dir_for(spec.http_port))
         self.nodes: list[LocalNode] = []
         self.remote: list[Node] = []
         self.settings = ProxySettings(**{

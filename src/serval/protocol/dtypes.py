@@ -46,6 +46,8 @@ _BY_NAME: dict[str, Datatype] = {dt.name: dt for dt in DATATYPES}
 _BY_NUMPY: dict[np.dtype, str] = {dt.numpy: dt.name for dt in DATATYPES}
 _BY_ONNX: dict[str, str] = {dt.onnx: dt.name for dt in DATATYPES}
 _BY_OPENVINO: dict[str, str] = {dt.openvino: dt.name for dt in DATATYPES}
+_BY_CONFIG: dict[str, str] = {dt.config: dt.name for dt in DATATYPES}
+CONFIG_DATATYPES: tuple[str, ...] = tuple(_BY_CONFIG)  # Triton's TYPE_* names Serval serves
 
 V2_DATATYPES: tuple[str, ...] = tuple(_BY_NAME)
 # The numeric datatypes (and BOOL): the ones a load generator or sampler can fill at random.
@@ -88,6 +90,12 @@ def from_onnx_type(onnx_type: str) -> str:
         return _BY_ONNX[onnx_type]
     except KeyError:
         raise ValueError(f"ONNX type {onnx_type} is not supported by the v2 protocol") from None
+
+
+def from_config_type(config_name: str) -> str | None:
+    """The v2 datatype of a data_type in Triton's model configuration ('TYPE_FP32' -> 'FP32');
+    None for one Serval does not serve."""
+    return _BY_CONFIG.get(config_name)
 
 
 def from_openvino_type(type_name: str) -> str | None:

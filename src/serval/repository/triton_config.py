@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from serval.config import ModelConfig
 from serval.errors import ConfigError
-from serval.protocol.dtypes import DATATYPES
+from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.declared import SELF_DESCRIBING
 
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 PBTXT_FILE = "config.pbtxt"
 _WARNED_BOTH: set[Path] = set()  # model folders whose config.yaml was reported ignored
-_DATATYPES = {dt.config: dt.name for dt in DATATYPES}
 # Triton's platform and backend names -> (Serval's backend, Triton's platform, Triton's backend)
 _PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch",
               "ensemble": "pipeline"}
@@ -188,10 +187,11 @@ def serval_backend(config: mc.ModelConfig, source: str) -> str:
 
 def _datatype(value: int, where: str, source: str) -> str:
     config_name = mc.DataType.Name(value)
-    if config_name not in _DATATYPES:
+    datatype = from_config_type(config_name)
+    if datatype is None:
         raise ConfigError(f"{source}: {where}: data_type {config_name} is not supported by "
                           "Serval")
-    return _DATATYPES[config_name]
+    return datatype
 
 
 def _tensor(tensor: mc.ModelInput | mc.ModelOutput, where: str, source: str
