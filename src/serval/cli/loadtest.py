@@ -52,7 +52,8 @@ def loadtest_command(
     timeout_s: float = typer.Option("30s", "--timeout", parser=seconds, metavar="DURATION",
                                      help="Per-request timeout."),
     metadata_url: str = typer.Option(None, "--metadata-url",
-                                     help="HTTP base URL for metadata when using --grpc."),
+                                     help="HTTP base URL for the model's metadata with --grpc "
+                                          "(default: ask the gRPC port)."),
     hardware: str = typer.Option(None, "--hardware", help="Tag results with a catalog name."),
     label: str = typer.Option(None, "--label", help="Name of this run in reports."),
     ceiling: bool = typer.Option(True, "--ceiling/--no-ceiling",
@@ -84,6 +85,20 @@ def loadtest_command(
     if output is not None:
         output.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
         console.print(f"results written to {output}")
+    _fail_without_answers(results)
+
+
+def _fail_without_answers(results: dict[str, Any]) -> None:
+    """Exit non-zero when no request of the whole run was answered with success (a CI job
+    must not pass on a test that measured only errors)."""
+    if any(step["answered"] for step in results["steps"]):
+        return
+    errors: dict[str, int] = {}
+    for step in results["steps"]:
+        for kind, count in step["errors"].items():
+            errors[kind] = errors.get(kind, 0) + count
+    seen = ", ".join(f"{kind} x{count}" for kind, count in sorted(errors.items())) or "none"
+    fail(f"no request succeeded (errors: {seen})")
 
 
 def _run(spec: LoadtestSpec, console: Console, ceiling: bool) -> dict[str, Any]:

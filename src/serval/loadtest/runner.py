@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from serval.loadtest import workloads
 from serval.loadtest.stats import StepResult
+from serval.protocol.types import TensorSpec
 
 RESULTS_FORMAT = "serval-loadtest/1"
 REQUEST_SETS = 16  # distinct pre-encoded requests, sent round-robin
@@ -59,16 +60,24 @@ class LoadtestSpec:
 
 def prepare_requests(spec: LoadtestSpec) -> list[bytes]:
     """The pre-encoded requests: from the sample file, else generated from the metadata."""
-    host, port = spec.host_port()
+    host, _ = spec.host_port()
     if spec.input_file is not None:
         feeds = workloads.sample_feeds(spec.input_file)
     else:
-        base = spec.metadata_url or f"http://{host}:{port}"
-        specs = workloads.model_inputs(base, spec.model)
-        feeds = workloads.generated_feeds(specs, spec.batch, REQUEST_SETS)
+        feeds = workloads.generated_feeds(model_inputs(spec), spec.batch, REQUEST_SETS)
     if spec.protocol == "grpc":
         return workloads.grpc_requests(spec.model, feeds)
     return workloads.http_requests(spec.model, feeds, spec.binary, host)
+
+
+def model_inputs(spec: LoadtestSpec) -> list[TensorSpec]:
+    """The model's inputs: over HTTP (the URL, or --metadata-url), or over gRPC itself."""
+    host, port = spec.host_port()
+    if spec.protocol == "grpc" and spec.metadata_url is None:
+        from serval.loadtest.probe import grpc_model_inputs
+
+        return grpc_model_inputs(host, port, spec.model, spec.timeout_s)
+    return workloads.model_inputs(spec.metadata_url or f"http://{host}:{port}", spec.model)
 
 
 def auto_processes(spec: LoadtestSpec, mode: str, level: float) -> int:
@@ -125,6 +134,9 @@ def run_loadtest(spec: LoadtestSpec, ceiling_rps: float | None = None,
                  before_step: Callable[[str, float], None] | None = None) -> dict[str, Any]:
     """Every step of the spec in order; the results document."""
     requests = prepare_requests(spec)
+    from serval.loadtest.probe import check_first_request
+
+    check_first_request(spec.protocol, *spec.host_port(), requests[0], spec.timeout_s)
     steps = []
     for mode, level in spec.levels():
         if before_step is not None:
