@@ -17,6 +17,7 @@ import typer
 
 from serval.cli.main import app
 from tests import fixture_models
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +168,10 @@ def test_broken_files_fail_with_one_line(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_serve_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
+def test_serve_fails_clearly_when_a_port_is_taken(tmp_path: Path, flag: str) -> None:
+    """The taken port and its flag are named on one line, before any model loads (a load
+    would log a line)."""
     import socket
 
     fixture_models.linear(tmp_path)
@@ -175,6 +179,9 @@ def test_serve_fails_clearly_when_the_port_is_taken(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        result = _serval("serve", "--repository", str(tmp_path), "--http-port", port)
+        other = "--grpc-port" if flag == "--http-port" else "--http-port"
+        result = _serval("serve", "--repository", str(tmp_path), flag, port, other,
+                         str(free_port()))
     assert result.returncode != 0
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port} ({flag})" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

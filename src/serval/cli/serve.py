@@ -211,8 +211,7 @@ def serve_command(
     except ConfigError as exc:
         fail(str(exc))
     except OSError as exc:
-        fail(str(exc) if exc.strerror is None else
-             f"cannot listen on {host}:{http_port}: {exc.strerror}")
+        fail(str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename or exc}")
 
 
 def _check_tls(cert: Path | None, key: Path | None) -> None:

@@ -160,24 +160,28 @@ class Server:
 
 async def start_server(config: ServerConfig, *, reuse_port: bool = False,
                        freeze_gc: bool = False) -> Server:
-    """Bind the HTTP port first (a port in use fails before any model loads) and start the
-    agent check (`down#not ready` until the end), build the stack, listen on both transports,
-    then report ready. OSError when a port cannot be bound; ConfigError for a bad tokens file
-    or TLS pair, or no valid node name.
+    """Bind every port first (a port in use fails before any model loads, naming its flag)
+    and start the agent check (`down#not ready` until the end), build the stack, listen on
+    both transports, then report ready. OSError when a port cannot be bound; ConfigError for
+    a bad tokens file or TLS pair, or no valid node name.
 
     `freeze_gc` (a serving process): the loaded models and module state are moved out of
     the cycle collector's reach before the first request."""
     headers = own_headers(config)
-    sock = bind_socket(config.host, config.http_port, reuse_port)
+    sock = _bind(config.host, config.http_port, "--http-port", reuse_port)
     node = NodeState()  # the agent answers `down#not ready` while the models load
-    agent = None
+    agent = grpc_sock = None
     try:
+        if config.grpc_port:
+            grpc_sock = _bind(config.host, config.grpc_port, "--grpc-port", reuse_port)
         if config.agent_port:
             agent = AgentServer(node.reply)
-            await agent.start(_bind_agent(config, reuse_port))
+            await agent.start(_bind(config.host, config.agent_port, "--agent-port", reuse_port))
         stack = await build_stack(config)
     except BaseException:
         sock.close()
+        if grpc_sock is not None:
+            grpc_sock.close()
         if agent is not None:
             agent.close()
         raise
@@ -190,12 +194,11 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
                           config.limits.tls_handshake_timeout_s,
                           guards.gate)
     grpc = None
-    if config.grpc_port:  # grpc_port 0: the gRPC stack is never imported
+    if grpc_sock is not None:  # grpc_port 0: the gRPC stack is never imported
         from serval.server.grpc.server import start_grpc_server
 
         grpc = await start_grpc_server(
-            stack.dataplane, config.host, config.grpc_port, guards=guards,
-            reuse_port=reuse_port, auth=stack.auth,
+            stack.dataplane, grpc_sock, guards=guards, auth=stack.auth,
             tls=(config.tls_cert, config.tls_key) if config.tls_cert and config.tls_key
             else None, own_headers=headers)
     if freeze_gc:
@@ -205,11 +208,12 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
     return Server(stack, http, tracker, grpc, node, agent)
 
 
-def _bind_agent(config: ServerConfig, reuse_port: bool) -> socket.socket:
+def _bind(host: str, port: int, flag: str, reuse_port: bool) -> socket.socket:
+    """A listening socket; OSError naming the address and its flag when it cannot be had."""
     try:
-        return bind_socket(config.host, config.agent_port, reuse_port)
+        return bind_socket(host, port, reuse_port)
     except OSError as exc:
-        raise OSError(f"cannot listen on {config.host}:{config.agent_port} (--agent-port): "
+        raise OSError(f"cannot listen on {host}:{port} ({flag}): "
                       f"{exc.strerror or exc}") from None
 
 

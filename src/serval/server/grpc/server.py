@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 from serval.auth import TokenStore
@@ -12,7 +13,7 @@ from serval.server.grpc.connection import GrpcConnection
 from serval.server.grpc.servicer import InferenceServicer
 from serval.server.grpc.stream import ResponseHeaders
 from serval.server.limits import TransportGuards
-from serval.server.listen import bind_socket, serve_on, tls_context
+from serval.server.listen import serve_on, tls_context
 
 
 class GrpcServer:
@@ -37,18 +38,17 @@ class GrpcServer:
             connection.abort()
 
 
-async def start_grpc_server(dataplane: DataPlane, host: str, port: int, *,
-                            guards: TransportGuards, reuse_port: bool,
+async def start_grpc_server(dataplane: DataPlane, sock: socket.socket, *,
+                            guards: TransportGuards,
                             auth: TokenStore | None = None,
                             tls: tuple[Path, Path] | None = None,
                             own_headers: tuple[tuple[str, str], ...] = ()) -> GrpcServer:
-    """A started server on host:port; OSError when the port cannot be bound. `own_headers`
-    (serval-node) go on every answer, encoded here once."""
+    """A started server on a bound socket. `own_headers` (serval-node) go on every answer,
+    encoded here once."""
     runner = ServiceRunner(InferenceServicer(dataplane, auth))
     headers = ResponseHeaders(own_headers)
     connections: set[GrpcConnection] = set()
     cert, key = tls if tls is not None else (None, None)
-    sock = bind_socket(host, port, reuse_port)
     server = await serve_on(sock, lambda: GrpcConnection(runner, connections, guards, headers),
                             tls_context(cert, key, alpn=("h2",)),
                             guards.limits.tls_handshake_timeout_s, guards.gate)
