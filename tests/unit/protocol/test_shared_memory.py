@@ -80,7 +80,7 @@ def test_missing_objects_symlinks_and_non_files_are_refused(root: Path,
     with pytest.raises(InvalidInput, match="symbolic link"):
         regions.register("r", "/link", 0, 4)
     (root / "folder").mkdir()
-    with pytest.raises(InvalidInput, match="not a regular file|cannot be opened"):
+    with pytest.raises(InvalidInput, match=r"not a regular file|cannot be opened"):
         regions.register("r", "/folder", 0, 4)
     os.mkfifo(root / "fifo")
     with pytest.raises(InvalidInput, match="not a regular file"):

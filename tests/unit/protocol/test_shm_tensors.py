@@ -97,7 +97,7 @@ def test_outputs_are_checked_before_work_and_written_after(
         regions: SharedMemoryRegistry) -> None:
     _put(regions, 0, np.ones(2, np.int32).tobytes())
     outputs = [RequestedOutput("y", shared_memory=SharedMemoryRef("data", 8, 4090))]
-    with pytest.raises(InvalidInput, match="output 'y'.*runs past the end of region 'data'"):
+    with pytest.raises(InvalidInput, match=r"output 'y'.*runs past the end of region 'data'"):
         resolve_inputs(regions, _request("INT32", (2,), SharedMemoryRef("data", 8), outputs))
     outputs = [RequestedOutput("y", shared_memory=SharedMemoryRef("data", 8, 100)),
                RequestedOutput("z")]
