@@ -70,17 +70,21 @@ class SharedMemoryRegistry:
         mapping, start = _map(self.root, key, offset, byte_size)
         self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), mapping, start)
 
-    def unregister(self, name: str | None = None) -> None:
-        """Forget one region (nothing to do when it is not registered, as Triton), or all."""
+    def unregister(self, name: str | None = None) -> int:
+        """Forget one region (nothing to do when it is not registered, as Triton), or all;
+        how many were released."""
         names = list(self._regions) if not name else [name]
+        released = 0
         for each in names:
             region = self._regions.pop(each, None)
             if region is not None:
                 _release(region.mapping)
+                released += 1
+        return released
 
-    def close(self) -> None:
-        """Release every mapping (at server shutdown)."""
-        self.unregister()
+    def close(self) -> int:
+        """Release every mapping (at server shutdown); how many there were."""
+        return self.unregister()
 
     def status(self, name: str | None = None) -> list[RegionStatus]:
         """Every region, or the one named (InvalidInput when it is not registered)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
     from serval.server.grpc.server import GrpcServer
 
+log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 30
 NODE_HEADER = "serval-node"  # on every answer: which node behind the load balancer answered
 SAMPLER_TASK = "status-sampler"
@@ -102,8 +104,9 @@ async def close_stack(stack: ServingStack) -> None:
         task.cancel()
     await stack.registry.drain()
     await stack.registry.close()
-    if stack.dataplane.shared_memory is not None:
-        stack.dataplane.shared_memory.close()  # every client region unmapped
+    if stack.dataplane.shared_memory is not None:  # every client region unmapped
+        released = stack.dataplane.shared_memory.close()
+        log.info("shared memory released", extra={"regions": released})
 
 
 def shared_memory_registry(config: ServerConfig) -> SharedMemoryRegistry | None:
