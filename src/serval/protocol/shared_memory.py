@@ -1,7 +1,9 @@
 """Triton's system shared-memory regions: named windows onto POSIX shared-memory objects
 (`/dev/shm/<key>`) that clients create and register. The registry maps each region once, hands
 out read-only views of its bytes and writes into it, every bound checked, and releases every
-mapping on unregister and at close. No descriptor of ours stays open past a register call."""
+mapping on unregister and at close. Each region keeps its object's descriptor, to check before
+every use that the client has not shrunk the object (a read past its end would kill the server
+with SIGBUS); the descriptor is closed on unregister."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 from serval.errors import InvalidInput
 
 SHM_ROOT = Path("/dev/shm")  # where shm_open(3) keeps its objects on Linux
-MAX_REGIONS = 256  # each mapping holds one descriptor (Python's mmap keeps a duplicate)
+MAX_REGIONS = 256  # each holds two descriptors: ours and the duplicate Python's mmap keeps
 MAX_NAME_CHARS = 255
 MAX_KEY_BYTES = 255  # NAME_MAX: a key is one file name under SHM_ROOT
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -42,6 +44,17 @@ class _Region:
     status: RegionStatus
     mapping: mmap.mmap
     start: int  # where the region begins inside the mapping (mappings start page-aligned)
+    fd: int  # the object, for its current size
+
+    def check_size(self) -> None:
+        """InvalidInput when the object no longer covers the region (a client truncated it)."""
+        status = self.status
+        size = os.fstat(self.fd).st_size
+        if size < status.offset + status.byte_size:
+            raise InvalidInput(
+                f"shared memory region '{status.name}': its object ('{status.key[:80]}') now "
+                f"has {size} bytes, fewer than offset {status.offset} + byte_size "
+                f"{status.byte_size} as registered; unregister it and register it again")
 
 
 class SharedMemoryRegistry:
@@ -67,8 +80,14 @@ class SharedMemoryRegistry:
         if len(self._regions) >= self.max_regions:
             raise InvalidInput(f"this server holds at most {self.max_regions} shared memory "
                                "regions; unregister one first")
-        mapping, start = _map(self.root, key, offset, byte_size)
-        self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), mapping, start)
+        fd = _open(self.root, key)
+        try:
+            mapping, start = _map(fd, key, offset, byte_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), mapping,
+                                      start, fd)
 
     def unregister(self, name: str | None = None) -> int:
         """Forget one region (nothing to do when it is not registered, as Triton), or all;
@@ -78,6 +97,7 @@ class SharedMemoryRegistry:
         for each in names:
             region = self._regions.pop(each, None)
             if region is not None:
+                os.close(region.fd)
                 _release(region.mapping)
                 released += 1
         return released
@@ -119,6 +139,7 @@ class SharedMemoryRegistry:
 
     def _locate(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Region, int]:
         region = self._get(name)
+        region.check_size()
         size = region.status.byte_size
         if offset + byte_size > size:
             raise InvalidInput(
@@ -157,28 +178,24 @@ def _check_int(value: Any, field: str, least: int) -> None:
                            f"got {str(value)[:40]}")
 
 
-def _map(root: Path, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
-    """Open the object without following links, check it, map the window, close the file."""
-    fd = _open(root, key)
+def _map(fd: int, key: str, offset: int, byte_size: int) -> tuple[mmap.mmap, int]:
+    """Check the object is a file that holds the window; map the window."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidInput(f"shared memory key '{key[:80]}' is not a shared memory object "
+                           "(not a regular file)")
+    if offset + byte_size > info.st_size:
+        raise InvalidInput(
+            f"shared memory key '{key[:80]}': offset {offset} + byte_size {byte_size} runs "
+            f"past the end of the object ({info.st_size} bytes)")
+    aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise InvalidInput(f"shared memory key '{key[:80]}' is not a shared memory object "
-                               "(not a regular file)")
-        if offset + byte_size > info.st_size:
-            raise InvalidInput(
-                f"shared memory key '{key[:80]}': offset {offset} + byte_size {byte_size} runs "
-                f"past the end of the object ({info.st_size} bytes)")
-        aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
-        try:
-            mapping = mmap.mmap(fd, offset + byte_size - aligned, mmap.MAP_SHARED,
-                                mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
-        except OSError as exc:
-            raise InvalidInput(f"shared memory key '{key[:80]}' cannot be mapped: "
-                               f"{exc.strerror}") from None
-        return mapping, offset - aligned
-    finally:
-        os.close(fd)
+        mapping = mmap.mmap(fd, offset + byte_size - aligned, mmap.MAP_SHARED,
+                            mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
+    except OSError as exc:
+        raise InvalidInput(f"shared memory key '{key[:80]}' cannot be mapped: "
+                           f"{exc.strerror}") from None
+    return mapping, offset - aligned
 
 
 def _open(root: Path, key: str) -> int:

@@ -157,3 +157,15 @@ def test_a_view_in_use_outlives_unregister_then_goes(regions: SharedMemoryRegist
     assert array[:3].tolist() == [0, 1, 2]  # still mapped: never a read of unmapped memory
     del array
     assert _open_fds() == before  # the last view gone, the mapping went with it
+
+
+def test_an_object_shrunk_after_registering_is_refused_not_read(
+        root: Path, regions: SharedMemoryRegistry) -> None:
+    regions.register("r", "/region", 4096, 64)
+    os.truncate(root / "region", 4100)  # a read of the mapping now would raise SIGBUS
+    with pytest.raises(InvalidInput, match=r"'r': its object \('/region'\) now has 4100 "
+                                           r"bytes, fewer than offset 4096 \+ byte_size 64"):
+        regions.view("r", 0, 4, "input 'x'")
+    with pytest.raises(InvalidInput, match="now has 4100 bytes"):
+        regions.write("r", 0, 4, memoryview(bytes(4)), "output 'y'")
+    regions.unregister("r")
