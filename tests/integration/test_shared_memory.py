@@ -276,3 +276,23 @@ def test_tokens_that_may_infer_may_use_regions(
     status = triton.get_system_shared_memory_status(
         headers={"authorization": f"Bearer {inferrer}"})
     assert list(status.regions) == ["r"]
+
+
+def test_grpc_streams_take_shared_memory_too(server: RunningServer, region: Any) -> None:
+    import queue
+    triton = grpcclient.InferenceServerClient(server.grpc_url)
+    triton.register_system_shared_memory("shm", "/region" + TAG, 256)
+    answers: queue.Queue[Any] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        triton.async_stream_infer("simple", _inputs(triton, (True, True)),
+                                  outputs=[_output(triton, "OUTPUT0", 64),
+                                           _output(triton, "OUTPUT1")])
+        result, error = answers.get(timeout=30)
+    finally:
+        triton.stop_stream()
+        triton.unregister_system_shared_memory()
+    assert error is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [1, 16],
+                                                            offset=128), A + B)
