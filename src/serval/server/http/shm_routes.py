@@ -47,7 +47,7 @@ def shared_memory_route(regions: SharedMemoryRegistry | None, method: str, parts
         regions.register(name, *_register_body(body))
     else:
         regions.unregister(name)
-    return _reply(200, b"")
+    return _done()
 
 
 def _cuda(action: str, name: str) -> Reply:
@@ -55,7 +55,7 @@ def _cuda(action: str, name: str) -> Reply:
     (Triton's clients call it before they start); registering, or asking for one, is refused."""
     if action == "register" or (action == "status" and name):
         raise InvalidInput(CUDA_UNSUPPORTED)
-    return _json([]) if action == "status" else _reply(200, b"")
+    return _json([]) if action == "status" else _done()
 
 
 def _register_body(body: bytes) -> tuple[str, int, int]:
@@ -74,6 +74,10 @@ def _register_body(body: bytes) -> tuple[str, int, int]:
 
 def _json(doc: Any) -> Reply:
     return _reply(200, orjson.dumps(doc))
+
+
+def _done() -> Reply:
+    return 200, b"", [(b"content-type", b"text/plain")]  # as the app's other empty answers
 
 
 def _reply(status: int, body: bytes) -> Reply:
