@@ -25,6 +25,7 @@ class Action(enum.Enum):
     READ = "read"  # metadata, config, readiness, statistics, metrics, repository index
     INFER = "infer"
     ADMIN = "admin"  # repository load / unload
+    SHARED_MEMORY = "use shared memory"  # register, unregister, status of shm regions
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class Token:
             for scope in self.scopes)
         if action is Action.READ:  # whoever may infer on a model may read its metadata
             return "read" in self.scopes or may_infer
+        if action is Action.SHARED_MEMORY:  # regions are server-wide, used to infer
+            return any(scope.startswith("infer:") for scope in self.scopes)
         return action is Action.INFER and may_infer
 
 

@@ -22,6 +22,8 @@ from serval.errors import (
 from serval.protocol.classification import classify
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.rest_codec import json_object
+from serval.protocol.shared_memory import SharedMemoryRegistry
+from serval.protocol.shm_tensors import resolve_inputs, write_outputs
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
 from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
@@ -42,8 +44,10 @@ class DataPlane:
                  default_timeout_ms: float = server_default("default_timeout_ms"),
                  repository_api: bool = False,
                  max_tensor_elements: int = server_default("max_tensor_elements"),
-                 strict_readiness: bool = server_default("strict_readiness")) -> None:
+                 strict_readiness: bool = server_default("strict_readiness"),
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.registry = registry
+        self.shared_memory = shared_memory  # system shm regions; None: the extension is off
         self.strict_readiness = strict_readiness
         self.max_inflight = max_inflight
         self.repository_api = repository_api  # load/unload allowed (both transports ask here)
@@ -99,7 +103,9 @@ class DataPlane:
         return self._inflight
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        shm = ("system_shared_memory",) if self.shared_memory is not None else ()
+        return {"name": SERVER_NAME, "version": __version__,
+                "extensions": [*EXTENSIONS, *shm]}
 
     async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         async with self.registry.acquire(name, version) as served:
@@ -208,13 +214,17 @@ class DataPlane:
         (504).
         """
         self._check_inflight()
+        resolve_inputs(self.shared_memory, request)  # inputs from shm regions, if any
         self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1
         try:
-            return await self._infer_model(name, version, request, received_ns, deadline_ns)
+            response = await self._infer_model(name, version, request, received_ns,
+                                               deadline_ns)
         finally:
             self._inflight -= 1
+        write_outputs(self.shared_memory, request, response)  # outputs asked for in shm
+        return response
 
     def _check_sizes(self, request: InferRequest) -> None:
         for name, array in request.inputs.items():

@@ -269,7 +269,8 @@ def test_a_version_that_is_no_number_is_an_invalid_argument(server: RunningServe
 
 
 def test_an_extension_not_served_is_not_found(server: RunningServer) -> None:
+    """A POST to Triton's logging extension (not served); system shared memory is served."""
     client = httpclient.InferenceServerClient(server.url)
     with pytest.raises(InferenceServerException) as caught:
-        client.unregister_system_shared_memory()
+        client.update_log_settings({"log_verbose_level": 1})
     assert caught.value.status() == "404"

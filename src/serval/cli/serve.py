@@ -90,6 +90,10 @@ def serve_command(
         server_default("strict_readiness"), "--strict-readiness/--no-strict-readiness",
         help="Ready (/v2/health/ready 200) only while every model that should serve is READY "
         "(control all: every model; explicit: those loaded; lazy: none), as Triton's flag."),
+    shared_memory: bool = typer.Option(
+        server_default("shared_memory"), "--shared-memory/--no-shared-memory",
+        help="Triton's system shared memory: clients register /dev/shm regions and pass "
+        "tensors through them (off with --workers > 1)."),
     node_name: str = typer.Option(
         None, "--node-name", metavar="NAME", rich_help_panel=_BALANCER,
         help="This node's name in the serval-node header of every answer (1-64 of "
@@ -191,7 +195,7 @@ def serve_command(
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
             log_level=log_level, repository_api=repository_api,
             max_tensor_elements=max_tensor_elements, limits=limits,
-            strict_readiness=strict_readiness,
+            strict_readiness=strict_readiness, shared_memory=shared_memory,
             node_name=node_name, node_header=node_header, agent_port=agent_port,
             drain_delay_s=drain_delay_s,
         )

@@ -67,7 +67,8 @@ def as_text(element: object) -> str:
 
 
 def tensor_from_raw(
-    raw: bytes, start: int, size: int, datatype: str, shape: tuple[int, ...], name: str,
+    raw: bytes | memoryview, start: int, size: int, datatype: str, shape: tuple[int, ...],
+    name: str,
     size_source: str = "binary_data_size is",
 ) -> np.ndarray:
     """The tensor stored in raw[start:start+size] (no copy for fixed-size datatypes).

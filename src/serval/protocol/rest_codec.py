@@ -13,7 +13,14 @@ from serval.protocol.bytes_tensor import as_text, tensor_from_raw, tensor_to_raw
 from serval.protocol.classification import class_count
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
 from serval.protocol.shapes import check_shape
-from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
+from serval.protocol.shm_tensors import shared_memory_ref
+from serval.protocol.types import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryInput,
+    TensorDict,
+)
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -32,7 +39,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     doc = json_object(memoryview(body)[:json_end], "request body",
                       "a JSON object with an 'inputs' list")
     binary = _BinarySection(body, json_end)
-    inputs = _decode_inputs(doc.get("inputs"), binary)
+    shm_inputs: dict[str, SharedMemoryInput] = {}
+    inputs = _decode_inputs(doc.get("inputs"), binary, shm_inputs)
     binary.check_consumed()
     parameters = _object_field(doc, "parameters", "request")
     request_id = doc.get("id")
@@ -44,6 +52,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         id=request_id,
         parameters=parameters,
         binary_output=bool(parameters.get("binary_data_output", False)),
+        shared_memory_inputs=shm_inputs,
     )
 
 
@@ -59,7 +68,9 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
             "datatype": v2_datatype(array.dtype),
             "shape": list(array.shape),
         }
-        if binary:
+        if name in response.shared_memory_outputs:  # written to its region: no data
+            entry["parameters"] = response.shared_memory_outputs[name]
+        elif binary:
             raw = tensor_to_raw(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -124,19 +135,24 @@ def _object_field(doc: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _decode_inputs(raw_inputs: Any, binary: _BinarySection) -> TensorDict:
+def _decode_inputs(raw_inputs: Any, binary: _BinarySection,
+                   shm_inputs: dict[str, SharedMemoryInput]) -> TensorDict:
+    """The inputs carried in the body; those in shared memory go to shm_inputs."""
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("request must have a non-empty 'inputs' list")
     inputs: TensorDict = {}
     for raw in raw_inputs:
         name, array = _decode_input(raw, binary)
-        if name in inputs:
+        if name in inputs or name in shm_inputs:
             raise InvalidInput(f"input '{name}' is given more than once")
-        inputs[name] = array
+        if isinstance(array, SharedMemoryInput):
+            shm_inputs[name] = array
+        else:
+            inputs[name] = array
     return inputs
 
 
-def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray]:
+def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray | SharedMemoryInput]:
     if not isinstance(raw, dict):
         raise InvalidInput("each input must be a JSON object with name, datatype, shape, data")
     name = raw.get("name")
@@ -150,6 +166,13 @@ def _decode_input(raw: Any, binary: _BinarySection) -> tuple[str, np.ndarray]:
     count = math.prod(shape)
     params = _object_field(raw, "parameters", f"input '{name}'")
     size = params.get("binary_data_size")
+    shm = shared_memory_ref(params, f"input '{name}'")
+    if shm is not None:
+        if size is not None or "data" in raw:
+            raise InvalidInput(f"input '{name}' takes its data from shared memory region "
+                               f"'{shm.region}'; it must carry neither 'data' nor "
+                               "binary_data_size")
+        return name, SharedMemoryInput(datatype, shape, shm)
     if size is not None:
         array = _binary_input(binary, name, datatype, shape, size)
     elif "data" in raw:
@@ -286,7 +309,8 @@ def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         binary = params.get("binary_data")
         requested.append(RequestedOutput(
             item["name"], None if binary is None else bool(binary),
-            class_count(params.get("classification", 0), item["name"])))
+            class_count(params.get("classification", 0), item["name"]),
+            shared_memory_ref(params, f"output '{item['name']}'")))
     return requested
 
 

@@ -24,6 +24,25 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor's bytes lie in a registered shared-memory region (Triton's
+    shared_memory_region / _offset / _byte_size parameters)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryInput:
+    """An input whose bytes are in shared memory: resolved to a tensor by the data plane."""
+
+    datatype: str
+    shape: tuple[int, ...]
+    ref: SharedMemoryRef
+
+
 @dataclass(slots=True)
 class RequestedOutput:
     """An output the client asked for; binary=None follows the request's default; a class
@@ -32,6 +51,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None
     class_count: int = 0
+    shared_memory: SharedMemoryRef | None = None  # written there, not sent
 
 
 @dataclass(slots=True)
@@ -43,6 +63,7 @@ class InferRequest:
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     binary_output: bool = False
+    shared_memory_inputs: dict[str, SharedMemoryInput] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -53,3 +74,5 @@ class InferResponse:
     model_version: str
     outputs: TensorDict
     id: str | None = None
+    # outputs written to shared memory: the parameters their answer carries instead of data
+    shared_memory_outputs: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from serval.observability.metrics import (
     RegistryMetricsCollector,
     build_registry,
 )
+from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.repository.backends import BackendTable
 from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
     from serval.server.grpc.server import GrpcServer
 
+log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_S = 30
 NODE_HEADER = "serval-node"  # on every answer: which node behind the load balancer answered
 SAMPLER_TASK = "status-sampler"
@@ -81,7 +84,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
                           default_timeout_ms=config.default_timeout_ms,
                           repository_api=config.repository_api_enabled,
                           max_tensor_elements=config.max_tensor_elements,
-                          strict_readiness=config.strict_readiness)
+                          strict_readiness=config.strict_readiness,
+                          shared_memory=shared_memory_registry(config))
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
@@ -100,6 +104,15 @@ async def close_stack(stack: ServingStack) -> None:
         task.cancel()
     await stack.registry.drain()
     await stack.registry.close()
+    if stack.dataplane.shared_memory is not None:  # every client region unmapped
+        released = stack.dataplane.shared_memory.close()
+        log.info("shared memory released", extra={"regions": released})
+
+
+def shared_memory_registry(config: ServerConfig) -> SharedMemoryRegistry | None:
+    """Triton's system shared memory, unless switched off; off with --workers > 1 too (a
+    region registered with one worker process would be unknown to the others)."""
+    return SharedMemoryRegistry() if config.shared_memory and config.workers == 1 else None
 
 
 def own_headers(config: ServerConfig) -> tuple[tuple[str, str], ...]:

@@ -419,3 +419,39 @@ def test_fractional_number_for_int32_is_invalid_input() -> None:
     body = request_body({"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]})
     with pytest.raises(InvalidInput, match="INT32"):
         decode_request(body)
+
+
+SHM = {"shared_memory_region": "r", "shared_memory_byte_size": 24, "shared_memory_offset": 8}
+
+
+def test_shared_memory_inputs_and_outputs_are_decoded_as_windows() -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 3], "parameters": SHM},
+                       {"name": "y", "datatype": "INT32", "shape": [1], "data": [4]}],
+            "outputs": [{"name": "o", "parameters": {**SHM, "binary_data": True}}]}
+    request = decode_request(json.dumps(body).encode())
+    assert list(request.inputs) == ["y"]
+    item = request.shared_memory_inputs["x"]
+    assert (item.datatype, item.shape, item.ref.region, item.ref.byte_size,
+            item.ref.offset) == ("FP32", (2, 3), "r", 24, 8)
+    assert request.outputs is not None and request.outputs[0].shared_memory == item.ref
+
+
+def test_shared_memory_beside_data_is_refused() -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0],
+                        "parameters": SHM}]}
+    with pytest.raises(InvalidInput, match="must carry neither 'data' nor binary_data_size"):
+        decode_request(json.dumps(body).encode())
+
+
+def test_outputs_written_to_shared_memory_carry_parameters_not_data() -> None:
+    response = InferResponse("m", "1", {"o": np.ones(3, np.float32), "p": np.ones(1, np.int32)},
+                             shared_memory_outputs={"o": {"shared_memory_region": "r",
+                                                          "shared_memory_byte_size": 12}})
+    request = InferRequest(inputs={}, outputs=[RequestedOutput("o", binary=True),
+                                               RequestedOutput("p")])
+    body, json_length = encode_response(response, request)
+    assert json_length is None
+    outputs = json.loads(body)["outputs"]
+    assert outputs[0] == {"name": "o", "datatype": "FP32", "shape": [3], "parameters": {
+        "shared_memory_region": "r", "shared_memory_byte_size": 12}}
+    assert outputs[1]["data"] == [1]

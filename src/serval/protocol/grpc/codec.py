@@ -13,7 +13,14 @@ from serval.protocol.classification import class_count
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.shapes import check_shape
-from serval.protocol.types import InferRequest, InferResponse, RequestedOutput, TensorDict
+from serval.protocol.shm_tensors import PARAMETERS, shared_memory_ref
+from serval.protocol.types import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryInput,
+    TensorDict,
+)
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
@@ -25,25 +32,52 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
                 raise InvalidInput(f"contents field must not be specified when using "
                                    f"raw_input_contents for '{tensor.name}' for model "
                                    f"'{message.model_name}'")
-    if raw and len(raw) != len(message.inputs):
+    shm = _shared_memory_inputs(message)
+    if raw and len(raw) != len(message.inputs) - len(shm):
         raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs; "
-            "send every input raw, or none"
+            f"raw_input_contents has {len(raw)} entries for "
+            f"{len(message.inputs) - len(shm)} inputs not in shared memory; send every such "
+            "input raw, or none"
         )
     if not message.inputs:
         raise InvalidInput("request must have at least one input")
     inputs: TensorDict = {}
-    for index, tensor in enumerate(message.inputs):
+    raw_index = 0
+    for tensor in message.inputs:
         if tensor.name in inputs:
             raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        inputs[tensor.name] = _decode_input(tensor, raw[index] if raw else None)
+        if tensor.name not in shm:
+            inputs[tensor.name] = _decode_input(tensor, raw[raw_index] if raw else None)
+            raw_index += 1
     return InferRequest(
         inputs=inputs,
         outputs=[_requested_output(output) for output in message.outputs] or None,
         id=message.id or None,
         parameters={key: _parameter(value) for key, value in message.parameters.items()},
         binary_output=True,
+        shared_memory_inputs=shm,
     )
+
+
+def _shared_memory_inputs(message: pb.ModelInferRequest) -> dict[str, SharedMemoryInput]:
+    """The inputs whose bytes are in shared memory (no contents, no raw entry of their own)."""
+    found: dict[str, SharedMemoryInput] = {}
+    for tensor in message.inputs:
+        if not any(key in tensor.parameters for key in PARAMETERS):
+            continue
+        what = f"input '{tensor.name}'"
+        ref = shared_memory_ref({key: _parameter(value) for key, value
+                                 in tensor.parameters.items()}, what)
+        assert ref is not None
+        if tensor.HasField("contents"):
+            raise InvalidInput(f"{what} takes its data from shared memory region "
+                               f"'{ref.region}'; it must not carry contents as well")
+        if tensor.name in found:
+            raise InvalidInput(f"input '{tensor.name}' is given more than once")
+        lookup(tensor.datatype)  # a datatype Serval knows
+        found[tensor.name] = SharedMemoryInput(
+            tensor.datatype, check_shape(list(tensor.shape), tensor.name), ref)
+    return found
 
 
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
@@ -53,8 +87,15 @@ def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:
         id=response.id or "",
     )
     for name, array in response.outputs.items():
-        message.outputs.add(name=name, datatype=v2_datatype(array.dtype), shape=array.shape)
-        message.raw_output_contents.append(tensor_to_raw(array))
+        tensor = message.outputs.add(name=name, datatype=v2_datatype(array.dtype),
+                                     shape=array.shape)
+        shm = response.shared_memory_outputs.get(name)
+        if shm is None:
+            message.raw_output_contents.append(tensor_to_raw(array))
+            continue
+        for key, value in shm.items():  # written to its region: parameters, no data
+            _set_parameter(tensor.parameters[key], value)
+        message.raw_output_contents.append(b"")  # keeps raw entries in step with outputs
     return message
 
 
@@ -64,7 +105,9 @@ def _requested_output(output: Any) -> RequestedOutput:
     count = 0
     if "classification" in output.parameters:
         count = class_count(_parameter(output.parameters["classification"]), output.name)
-    return RequestedOutput(output.name, class_count=count)
+    params = {key: _parameter(value) for key, value in output.parameters.items()}
+    return RequestedOutput(output.name, class_count=count, shared_memory=shared_memory_ref(
+        params, f"output '{output.name}'"))
 
 
 def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
@@ -102,3 +145,10 @@ def _typed_array(values: Any, dtype: np.dtype, datatype: str, name: str) -> np.n
 def _parameter(value: Any) -> Any:
     choice = value.WhichOneof("parameter_choice")
     return getattr(value, choice) if choice else None
+
+
+def _set_parameter(parameter: Any, value: Any) -> None:
+    if isinstance(value, str):
+        parameter.string_param = value
+    else:
+        parameter.int64_param = value

@@ -16,6 +16,7 @@ from serval.errors import InvalidInput, ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
+from serval.server.grpc.shm_servicer import SharedMemoryRpcs
 
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
@@ -23,7 +24,7 @@ _STREAM_SLOTS = 128  # requests of one stream in flight, when the context does n
 FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last
 
 
-class InferenceServicer:
+class InferenceServicer(SharedMemoryRpcs):
     """The v2 gRPC API over one DataPlane: a method for every RPC of the service, by its name."""
 
     def __init__(self, dataplane: DataPlane, auth: TokenStore | None = None) -> None:

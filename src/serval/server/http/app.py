@@ -26,6 +26,7 @@ from serval.server.http.errors import (
     unexpected_error_response,
 )
 from serval.server.http.openapi import openapi_document
+from serval.server.http.shm_routes import is_shared_memory_path, shared_memory_route
 from serval.server.http.ui.routes import StatusRoutes
 from serval.server.http.ui.status import ServerStatus
 
@@ -86,6 +87,8 @@ class HttpApp:
                 return await self._model_route(method, parts[2:], headers, body)
             if len(parts) >= 3 and parts[1] == "repository":
                 return await self._repository_route(method, parts[2:], body)
+            if is_shared_memory_path(parts[1:]):
+                return shared_memory_route(self.dataplane.shared_memory, method, parts[1:], body)
             return self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
@@ -190,6 +193,8 @@ def _access(method: str, parts: list[str]) -> tuple[Action, str] | None:
             if method != "POST":
                 return None
             return (Action.READ if parts[2:] == ["index"] else Action.ADMIN), ""
+        if is_shared_memory_path(parts[1:]):
+            return Action.SHARED_MEMORY, ""
         return None if parts[1:2] == ["health"] else (Action.READ, "")
     if parts == ["metrics"] and method == "GET":
         return Action.READ, ""
