@@ -78,6 +78,11 @@ class Sequencer:
     def live_sequences(self) -> int:
         return len(self._table.live)
 
+    @property
+    def waiting_starts(self) -> int:
+        """New sequences waiting for a free slot."""
+        return len(self._slot_waiters)
+
     def check_capacity(self, deadline_ns: int | None = None) -> None:
         """Nothing to refuse before decoding: a slot is judged by the request's sequence."""
 
