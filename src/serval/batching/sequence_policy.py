@@ -89,6 +89,9 @@ class SequenceTable:
         """The live sequence a step belongs to, a new one on START (None: no slot free);
         InvalidInput for a step of a sequence that never started, ended or expired."""
         sequence = self.live.get(flags.id)
+        if sequence is not None and self._idle(sequence, now_ns):
+            self._forget(sequence)
+            sequence = None
         if sequence is not None:
             sequence.last_ns = now_ns
             return sequence
@@ -116,14 +119,20 @@ class SequenceTable:
 
     def expire(self, now_ns: int) -> list[LiveSequence]:
         """Release the sequences idle past idle_ns (nothing waiting, nothing running)."""
-        idle = [s for s in self.live.values()
-                if not s.steps and not s.running and now_ns - s.last_ns >= self.idle_ns]
+        idle = [s for s in self.live.values() if self._idle(s, now_ns)]
         for sequence in idle:
-            self.release(sequence)
-            self._expired[sequence.id] = None
-            if len(self._expired) > _FORGOTTEN_IDS:
-                self._expired.popitem(last=False)
+            self._forget(sequence)
         return idle
+
+    def _idle(self, sequence: LiveSequence, now_ns: int) -> bool:
+        return (not sequence.steps and not sequence.running
+                and now_ns - sequence.last_ns >= self.idle_ns)
+
+    def _forget(self, sequence: LiveSequence) -> None:
+        self.release(sequence)
+        self._expired[sequence.id] = None
+        if len(self._expired) > _FORGOTTEN_IDS:
+            self._expired.popitem(last=False)
 
     def next_expiry_ns(self) -> int | None:
         """When the next idle sequence expires (None: none could)."""

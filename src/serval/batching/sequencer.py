@@ -96,7 +96,8 @@ class Sequencer:
         if self._batched and any(a.shape[0] != 1 for a in inputs.values()):
             raise InvalidInput(f"model '{self._stats.name}' is a sequence model: each request "
                                "is one step of one sequence, batch size 1")
-        self.expire_idle()
+        if flags.start and len(self._table.live) >= self._table.capacity:
+            self.expire_idle()  # a new sequence may find a slot an idle one held
         sequence = await self._admit(flags, deadline_ns)
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
