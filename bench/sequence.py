@@ -200,7 +200,8 @@ def main() -> None:
     print(f"  Sequencer in-process, no transport:       {alone:9.0f} steps/s  "
           f"= {alone / raw:.2f} of raw")
     print(f"  served (sequence batching):               {rate:9.0f} steps/s  "
-          f"= {share:.2f} of raw (goal {GOAL_SHARE:.2f}: {'met' if share >= GOAL_SHARE else 'MISSED'})")
+          f"= {share:.2f} of raw (goal {GOAL_SHARE:.2f}: "
+          f"{'met' if share >= GOAL_SHARE else 'MISSED'})")
     print(f"  CPU per served step: server {server_cpu / lanes.done_steps * 1e6:.0f} us, "
           f"client (tritonclient aio) {client_cpu / lanes.done_steps * 1e6:.0f} us")
     print(f"  {len(lanes.finals)} sequences checked against the whole-sequence lstm: "

@@ -18,9 +18,9 @@ from torch import nn
 OPSET = 17
 HIDDEN = 256
 MAX_ABS = 1e-5
-CONFIG = f"""# lstm_step: the lstm one token at a time: INT64 token id [B,1] -> probabilities over 50
-# classes after this token; h and c ([{HIDDEN}] each) are implicit state the server keeps per
-# sequence (a request's parameters sequence_id / sequence_start / sequence_end)
+CONFIG = f"""# lstm_step: the lstm one token at a time: INT64 token id [B,1] -> probabilities
+# over 50 classes after this token; h and c ([{HIDDEN}] each) are implicit state the server
+# keeps per sequence (a request's parameters sequence_id / sequence_start / sequence_end)
 backend: onnxruntime
 max_batch_size: 64
 sequence_batching:
