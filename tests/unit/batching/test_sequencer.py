@@ -147,3 +147,44 @@ def test_steps_after_the_end_fail_unless_the_id_starts_again(repository: Path) -
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def _unbatched(root: Path) -> Path:
+    """An accumulator without a batch axis (max_batch_size 0): INPUT, STATE [1]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1])
+          for n in ("INPUT", "STATE_IN", "OUTPUT", "STATE_OUT")]
+    graph = helper.make_graph([helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+                               helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])],
+                              "unbatched", io[:2], io[2:])
+    (root / "unbatched" / "1").mkdir(parents=True)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, root / "unbatched" / "1" / "model.onnx")
+    (root / "unbatched" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\nsequence_batching { state [ { '
+        'input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ] }\n')
+    return root
+
+
+def test_a_model_without_a_batch_axis_runs_one_sequence_step_at_a_time(tmp_path: Path) -> None:
+    async def main() -> None:
+        sequencer, engine = _sequencer(_unbatched(tmp_path), "unbatched")
+
+        async def step(sequence_id: int, value: float, **flags: bool) -> float:
+            inputs = {"INPUT": np.full((1,), value, np.float32)}
+            parameters = {"sequence_id": sequence_id,
+                          **{f"sequence_{k}": v for k, v in flags.items()}}
+            outputs = await sequencer.infer(inputs, None, InferRequest(inputs,
+                                                                       parameters=parameters))
+            return float(outputs["OUTPUT"][0])
+
+        assert await step(1, 2.0, start=True) == 2.0
+        assert await step(1, 3.0) == 5.0
+        assert await step(1, 4.0, end=True) == 9.0
+        assert all(batch["STATE_IN"].shape == (1,) for batch in engine.batches)
+        await sequencer.close()
+
+    asyncio.run(main())
