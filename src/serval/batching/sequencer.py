@@ -58,6 +58,8 @@ class Sequencer:
         self._table = SequenceTable(slots, int(settings.max_sequence_idle_ms * 1e6), stats.name)
         self._delay_ns = int(settings.max_queue_delay_ms * 1e6)
         self._wakeup = asyncio.Event()
+        self._settled = asyncio.Event()  # set while no step waits or runs
+        self._settled.set()
         self._slot_waiters: list[asyncio.Future[None]] = []
         self._running = 0
         self._closed = False
@@ -102,6 +104,7 @@ class Sequencer:
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
                                            self._clock(), deadline_ns))
+        self._settled.clear()
         self._wakeup.set()
         return await future
 
@@ -147,7 +150,8 @@ class Sequencer:
     async def drain(self) -> None:
         """Wait until no step waits or runs (live sequences may stay)."""
         while self.queued or self._running:
-            await asyncio.sleep(0.001)
+            self._settled.clear()
+            await self._settled.wait()
 
     async def close(self) -> None:
         """Stop the consumers; waiting steps fail as unavailable; states are dropped."""
@@ -174,6 +178,8 @@ class Sequencer:
             picked = pick_batch(self._table.ready(), self._settings.strategy, self._max_rows)
             delay_ns = queue_delay_left_ns(picked, self._max_rows, self._delay_ns,
                                            self._clock())
+            if not picked and not self._running:
+                self._settled.set()
             if not picked or delay_ns:
                 await self._wait(delay_ns or self._until_expiry_ns())
                 continue

@@ -188,3 +188,18 @@ def test_a_model_without_a_batch_axis_runs_one_sequence_step_at_a_time(tmp_path:
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def test_drain_waits_for_every_waiting_step(repository: Path) -> None:
+    async def main() -> None:
+        sequencer, _ = _sequencer(repository, "accumulate")
+        steps = [asyncio.create_task(_step(sequencer, 7, 1.0, np.float32, start=True)),
+                 asyncio.create_task(_step(sequencer, 7, 1.0, np.float32))]
+        while not sequencer.queued:
+            await asyncio.sleep(0)
+        await sequencer.drain()
+        assert sequencer.queued == 0 and sequencer.running == 0
+        assert [await step for step in steps] == [1.0, 2.0]
+        await sequencer.close()
+
+    asyncio.run(main())
