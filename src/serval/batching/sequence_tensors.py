@@ -142,5 +142,5 @@ def padded_inputs(parts: list[TensorDict | None]) -> TensorDict:
                                              for name, array in template.items()}
               for part in parts]
     if len(filled) == 1:
-        return filled[0]
+        return dict(filled[0])  # a new dict: the server's tensors join it, not the request's
     return {name: np.concatenate([part[name] for part in filled]) for name in template}

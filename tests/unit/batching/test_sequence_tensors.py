@@ -77,7 +77,8 @@ def test_state_is_zero_on_start_and_kept_otherwise() -> None:
 def test_padding_rows_are_zeros_like_the_others() -> None:
     part = {"x": np.array([[3.0]], np.float32)}
     assert padded_inputs([None, part])["x"].tolist() == [[0.0], [3.0]]
-    assert padded_inputs([part]) is part
+    alone = padded_inputs([part])
+    assert alone == part and alone is not part  # the request's own dict is left as it was
 
 
 def test_the_model_clients_see_hides_controls_and_state() -> None:
