@@ -61,6 +61,7 @@ class Sequencer:
         self._settled = asyncio.Event()  # set while no step waits or runs
         self._settled.set()
         self._slot_waiters: list[asyncio.Future[None]] = []
+        self._backlog: dict[SequenceId, asyncio.Future[LiveSequence]] = {}
         self._running = 0
         self._closed = False
         self._owns_executor = executor is None
@@ -109,15 +110,34 @@ class Sequencer:
         return await future
 
     async def _admit(self, flags: SequenceFlags, deadline_ns: int | None) -> LiveSequence:
-        """The step's live sequence; a new one waits for a free slot, then 429."""
-        now_ns = self._clock()
-        limit_ns = now_ns + self._table.idle_ns
+        """The step's live sequence. A new one without a free slot waits for one (its next
+        steps queue behind it: the backlog), then 429."""
+        backlog = self._backlog.get(flags.id)
+        if backlog is not None and not flags.start:
+            return await asyncio.shield(backlog)
+        sequence = self._table.admit(flags, self._clock())
+        if sequence is not None:
+            return sequence
+        backlog = asyncio.get_running_loop().create_future()
+        self._backlog[flags.id] = backlog
+        try:
+            sequence = await self._wait_for_slot(flags, deadline_ns)
+        except ServalError as exc:
+            backlog.set_exception(exc)
+            backlog.exception()  # retrieved: a backlog nobody followed logs nothing
+            raise
+        finally:
+            if self._backlog.get(flags.id) is backlog:
+                del self._backlog[flags.id]
+        backlog.set_result(sequence)
+        return sequence
+
+    async def _wait_for_slot(self, flags: SequenceFlags, deadline_ns: int | None
+                             ) -> LiveSequence:
+        limit_ns = self._clock() + self._table.idle_ns
         if deadline_ns is not None:
             limit_ns = min(limit_ns, deadline_ns)
         while True:
-            sequence = self._table.admit(flags, self._clock())
-            if sequence is not None:
-                return sequence
             left_s = (limit_ns - self._clock()) / 1e9
             if left_s <= 0 or self._closed:
                 raise Overloaded(
@@ -133,6 +153,9 @@ class Sequencer:
             finally:
                 with contextlib.suppress(ValueError):
                     self._slot_waiters.remove(waiter)
+            sequence = self._table.admit(flags, self._clock())
+            if sequence is not None:
+                return sequence
 
     def expire_idle(self) -> int:
         """Free the slots (and states) of sequences idle past max_sequence_idle; how many."""

@@ -203,3 +203,21 @@ def test_drain_waits_for_every_waiting_step(repository: Path) -> None:
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def test_steps_of_a_sequence_waiting_for_a_slot_queue_behind_its_start(repository: Path
+                                                                        ) -> None:
+    """A stream may send a backlogged sequence's next steps before its START has a slot."""
+    async def main() -> None:
+        sequencer, _ = _sequencer(repository, "accumulate")  # two candidate sequences
+        for sequence_id in (1, 2):
+            await _step(sequencer, sequence_id, 1.0, np.float32, start=True)
+        start = asyncio.create_task(_step(sequencer, 3, 4.0, np.float32, start=True))
+        follow = asyncio.create_task(_step(sequencer, 3, 5.0, np.float32, end=True))
+        while not sequencer.waiting_starts:
+            await asyncio.sleep(0)
+        await _step(sequencer, 1, 1.0, np.float32, end=True)
+        assert (await start, await follow) == (4.0, 9.0)
+        await sequencer.close()
+
+    asyncio.run(main())
