@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 
 models: $(STAMP) $(MODELS)/.built
 
-$(MODELS)/.built: bench/zoo.py bench/text_pipeline.py examples/tokenizer_model.py \
+$(MODELS)/.built: bench/zoo.py bench/zoo_sequence.py bench/text_pipeline.py examples/tokenizer_model.py \
 		examples/intent_labels_model.py
 	HF_HUB_OFFLINE=1 $(PY) bench/zoo.py --out $(MODELS)
 	touch $@

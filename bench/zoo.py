@@ -1,4 +1,5 @@
-"""Builds the example model repository (mlp, lstm, minilm) as ONNX files checked against torch."""
+"""Builds the example model repository (mlp, lstm, lstm_step, minilm) as ONNX files checked
+against torch (lstm_step: against lstm, step by step)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.text_pipeline import write_intent_pipeline, write_text_pipeline
+from bench.zoo_sequence import write_lstm_step
 
 OPSET = 17
 SEQ_LEN = 32
@@ -311,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             print(f"zoo: {name} failed: {reason}", file=sys.stderr)
             return 1
+    if (args.out / "lstm" / "1").is_dir():  # the stateful lstm, one token per request
+        print(write_lstm_step(args.out, build_lstm().module, SEQ_LEN, args.force), flush=True)
     print(write_text_pipeline(args.out))
     print(write_intent_pipeline(args.out))
     print(f"total   {time.perf_counter() - started:.1f}s")

@@ -129,6 +129,46 @@ class WarmupSample(_Strict):
     inputs: dict[str, WarmupInput]
 
 
+class SequenceControl(_Strict):
+    """A control input the server fills per batch row (Triton's control_input): start, end,
+    ready as `false_true` values of `datatype`; corrid as the sequence id (UINT64 or BYTES)."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["start", "end", "ready", "corrid"]
+    datatype: DatatypeName = "INT32"
+    false_true: tuple[float, float] = (0.0, 1.0)
+
+
+class SequenceState(_Strict):
+    """Implicit state: the server feeds `input_name` (zeros on a sequence's start) and keeps
+    `output_name` after each step, per sequence."""
+
+    input_name: str = Field(min_length=1)
+    output_name: str = Field(min_length=1)
+    datatype: DatatypeName
+    dims: list[int] = Field(description="fixed sizes, without the batch axis")
+
+    @field_validator("dims")
+    @classmethod
+    def _fixed_dims(cls, dims: list[int]) -> list[int]:
+        if any(d < 1 for d in dims):
+            raise ValueError("state dims are fixed positive sizes")
+        return dims
+
+
+class SequenceBatchingConfig(_Strict):
+    """Stateful models: requests of one sequence (sequence_id) run in order, one row per
+    sequence per batch, each sequence holding a slot from its start to its end or idle time."""
+
+    strategy: Literal["direct", "oldest"] = "direct"
+    max_sequence_idle_ms: float = Field(1000.0, gt=0.0)
+    max_candidate_sequences: int | None = Field(
+        None, ge=1, description="oldest: sequences holding state at once; None: the slots")
+    max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
+    controls: list[SequenceControl] = Field(default_factory=list)
+    states: list[SequenceState] = Field(default_factory=list)
+
+
 class ModelConfig(_Strict):
     """What config.yaml beside a model's version directories may say."""
 
@@ -137,6 +177,8 @@ class ModelConfig(_Strict):
         None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    sequence_batching: SequenceBatchingConfig | None = Field(
+        None, description="stateful models: sequences batched by slot (Triton's)")
     instances: int = Field(1, ge=1, le=64)
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")

@@ -72,8 +72,8 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape: { shape:
 """
 BROKEN = {
     "unknown_field": ('max_batch_size: 8\nfoo: 1\n', "no field named \"foo\""),
-    "unsupported_field": ('max_batch_size: 8\nsequence_batching { }\n',
-                          "field 'sequence_batching' is not supported"),
+    "unsupported_field": ('max_batch_size: 8\nsequence_batching { iterative_sequence: true }\n',
+                          "field 'sequence_batching.iterative_sequence' is not supported"),
     "priority_levels": ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 }\n',
                         "field 'dynamic_batching.priority_levels' is not supported"),
     "wrong_datatype": ('max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '

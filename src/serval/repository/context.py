@@ -13,6 +13,7 @@ from serval.batching.batcher import Batcher
 from serval.errors import ConfigError, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse
 from serval.repository.declared import as_declared
+from serval.repository.sequences import serve_sequences
 from serval.repository.served import ServedModel
 from serval.repository.warmup import run_warmup
 
@@ -60,6 +61,8 @@ class VersionContext:
             except ConfigError:
                 model.unload()
                 raise
+        if spec.config.sequence_batching is not None:
+            return serve_sequences(model, spec, self._served.stats, self._executor)
         batching = spec.config.batching
         return Served(model, Batcher(
             model, self._served.stats, instances=spec.config.instances,

@@ -8,6 +8,7 @@ What maps where: platform/backend -> backend (onnxruntime_onnx, pytorch_libtorch
 openvino; ensemble -> a pipeline whose steps are ensemble_scheduling.step); max_batch_size as is
 (0: no batch axis, dims are the whole shape); input/output -> inputs/outputs (datatype, dims,
 reshape; checked against the model file and served as declared: repository/declared.py);
+sequence_batching -> sequence_batching (repository/triton_sequence.py);
 dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds,
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
 timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
@@ -32,6 +33,7 @@ from serval.errors import ConfigError
 from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.declared import SELF_DESCRIBING
+from serval.repository.triton_sequence import SEQUENCE_SUPPORTED, sequence_settings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ SUPPORTED: dict[str, Any] = {
     "model_warmup": {"name": None, "batch_size": None, "count": None,
                      "inputs": {"data_type": None, "dims": None, "zero_data": None,
                                 "random_data": None}},
+    "sequence_batching": SEQUENCE_SUPPORTED,
     "parameters": {"string_value": None},
     "ensemble_scheduling": {"step": {"model_name": None, "model_version": None,
                                      "input_map": None, "output_map": None}},
@@ -121,6 +124,8 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
     }
     if config.HasField("dynamic_batching"):
         settings["batching"] = _batching(config.dynamic_batching, source)
+    if config.HasField("sequence_batching"):
+        settings["sequence_batching"] = sequence_settings(config.sequence_batching, source)
     settings["triton"] = triton_json(complete(config, model_dir.name, backend))
     try:
         return ModelConfig.model_validate({**settings, **(override or {})})

@@ -113,7 +113,8 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "named"), [
-    ("sequence_batching { }", "field 'sequence_batching'"),
+    ("sequence_batching { iterative_sequence: true }",
+     "field 'sequence_batching.iterative_sequence'"),
     ("dynamic_batching { priority_levels: 2 }", "field 'dynamic_batching.priority_levels'"),
     ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
      "timeout_action"),

@@ -1,0 +1,294 @@
+"""The sequence batcher: the async shell over batching/sequence_policy.py. Each request is one
+step of a sequence (its sequence_id); steps of one sequence run in order, one row per sequence
+per batch; the server fills the control inputs and carries the implicit state between steps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from serval.backends.base import LoadedModel
+from serval.batching.policy import signature_of
+from serval.batching.sequence_policy import (
+    LiveSequence,
+    SequenceFlags,
+    SequenceId,
+    SequenceStep,
+    SequenceTable,
+    batch_rows,
+    pick_batch,
+    queue_delay_left_ns,
+    sequence_flags,
+)
+from serval.batching.sequence_tensors import (
+    Row,
+    check_corrid,
+    control_tensors,
+    padded_inputs,
+    row_states,
+    state_inputs,
+)
+from serval.config import SequenceBatchingConfig
+from serval.errors import BackendError, InvalidInput, Overloaded, ServalError, ServerUnavailable
+from serval.protocol.types import InferRequest, TensorDict
+from serval.stats import ModelStats
+
+Clock = Callable[[], int]
+
+
+class Sequencer:
+    """One model's sequence batcher: `instances` consumer tasks, slots = max_batch_size per
+    instance (direct) or max_candidate_sequences (oldest); a START beyond them waits for a
+    free slot until its deadline, or the idle time when it has none, then gets 429."""
+
+    def __init__(self, engine: LoadedModel, settings: SequenceBatchingConfig,
+                 stats: ModelStats, *, instances: int = 1,
+                 executor: ThreadPoolExecutor | None = None,
+                 clock: Clock = time.perf_counter_ns) -> None:
+        self._engine, self._settings, self._stats, self._clock = engine, settings, stats, clock
+        max_batch = engine.metadata.max_batch_size
+        self._batched = max_batch > 0
+        self._max_rows = max(1, max_batch)
+        slots = self._max_rows * instances
+        if settings.strategy == "oldest" and settings.max_candidate_sequences:
+            slots = settings.max_candidate_sequences
+        self._table = SequenceTable(slots, int(settings.max_sequence_idle_ms * 1e6), stats.name)
+        self._delay_ns = int(settings.max_queue_delay_ms * 1e6)
+        self._wakeup = asyncio.Event()
+        self._settled = asyncio.Event()  # set while no step waits or runs
+        self._settled.set()
+        self._slot_waiters: list[asyncio.Future[None]] = []
+        self._backlog: dict[SequenceId, asyncio.Future[LiveSequence]] = {}
+        self._running = 0
+        self._closed = False
+        self._owns_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(
+            instances, thread_name_prefix=f"sequence-{stats.name}")
+        self._consumers = [asyncio.create_task(self._consume()) for _ in range(instances)]
+
+    @property
+    def queued(self) -> int:
+        return sum(len(s.steps) for s in self._table.live.values())
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def live_sequences(self) -> int:
+        return len(self._table.live)
+
+    @property
+    def waiting_starts(self) -> int:
+        """New sequences waiting for a free slot."""
+        return len(self._slot_waiters)
+
+    def check_capacity(self, deadline_ns: int | None = None) -> None:
+        """Nothing to refuse before decoding: a slot is judged by the request's sequence."""
+
+    async def infer(self, inputs: TensorDict, deadline_ns: int | None = None,
+                    request: InferRequest | None = None) -> TensorDict:
+        """Run one step of the request's sequence; its outputs (state outputs hidden)."""
+        if self._closed:
+            raise ServerUnavailable("the model is being unloaded")
+        flags = sequence_flags(request.parameters if request else {}, self._stats.name)
+        check_corrid(self._settings, flags.id, self._stats.name)
+        if self._batched and any(a.shape[0] != 1 for a in inputs.values()):
+            raise InvalidInput(f"model '{self._stats.name}' is a sequence model: each request "
+                               "is one step of one sequence, batch size 1")
+        if flags.start and len(self._table.live) >= self._table.capacity:
+            self.expire_idle()  # a new sequence may find a slot an idle one held
+        sequence = await self._admit(flags, deadline_ns)
+        future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
+        sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
+                                           self._clock(), deadline_ns))
+        self._settled.clear()
+        self._wakeup.set()
+        return await future
+
+    async def _admit(self, flags: SequenceFlags, deadline_ns: int | None) -> LiveSequence:
+        """The step's live sequence. A new one without a free slot waits for one (its next
+        steps queue behind it: the backlog), then 429."""
+        backlog = self._backlog.get(flags.id)
+        if backlog is not None and not flags.start:
+            return await asyncio.shield(backlog)
+        sequence = self._table.admit(flags, self._clock())
+        if sequence is not None:
+            return sequence
+        backlog = asyncio.get_running_loop().create_future()
+        self._backlog[flags.id] = backlog
+        try:
+            sequence = await self._wait_for_slot(flags, deadline_ns)
+        except ServalError as exc:
+            backlog.set_exception(exc)
+            backlog.exception()  # retrieved: a backlog nobody followed logs nothing
+            raise
+        finally:
+            if self._backlog.get(flags.id) is backlog:
+                del self._backlog[flags.id]
+        backlog.set_result(sequence)
+        return sequence
+
+    async def _wait_for_slot(self, flags: SequenceFlags, deadline_ns: int | None
+                             ) -> LiveSequence:
+        limit_ns = self._clock() + self._table.idle_ns
+        if deadline_ns is not None:
+            limit_ns = min(limit_ns, deadline_ns)
+        while True:
+            left_s = (limit_ns - self._clock()) / 1e9
+            if left_s <= 0 or self._closed:
+                raise Overloaded(
+                    f"model '{self._stats.name}' has all {self._table.capacity} sequence slots "
+                    "held by live sequences; retry when one ends",
+                    retry_after_s=max(0.1, self._table.idle_ns / 1e9))
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, left_s)
+            except TimeoutError:
+                pass
+            finally:
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(waiter)
+            sequence = self._table.admit(flags, self._clock())
+            if sequence is not None:
+                return sequence
+
+    def expire_idle(self) -> int:
+        """Free the slots (and states) of sequences idle past max_sequence_idle; how many."""
+        expired = self._table.expire(self._clock())
+        for _ in expired:
+            self._wake_slot_waiter()
+        return len(expired)
+
+    def _wake_slot_waiter(self) -> None:
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def drain(self) -> None:
+        """Wait until no step waits or runs (live sequences may stay)."""
+        while self.queued or self._running:
+            self._settled.clear()
+            await self._settled.wait()
+
+    async def close(self) -> None:
+        """Stop the consumers; waiting steps fail as unavailable; states are dropped."""
+        self._closed = True
+        for task in self._consumers:
+            task.cancel()
+        for task in self._consumers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sequence in list(self._table.live.values()):
+            for step in sequence.steps:
+                if not step.future.done():
+                    step.future.set_exception(ServerUnavailable("the model was unloaded"))
+            self._table.release(sequence)
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)
+
+    async def _consume(self) -> None:
+        while True:
+            self.expire_idle()
+            picked = pick_batch(self._table.ready(), self._settings.strategy, self._max_rows)
+            delay_ns = queue_delay_left_ns(picked, self._max_rows, self._delay_ns,
+                                           self._clock())
+            if not picked and not self._running:
+                self._settled.set()
+            if not picked or delay_ns:
+                await self._wait(delay_ns or self._until_expiry_ns())
+                continue
+            for sequence in picked:
+                sequence.running = True
+            self._running += 1
+            try:
+                await self._run(picked)
+            finally:
+                self._running -= 1
+                for sequence in picked:
+                    sequence.running = False
+                    sequence.last_ns = self._clock()
+                if any(s.steps for s in picked):
+                    self._wakeup.set()
+
+    def _until_expiry_ns(self) -> int | None:
+        expiry_ns = self._table.next_expiry_ns()
+        return None if expiry_ns is None else max(1, expiry_ns - self._clock())
+
+    async def _wait(self, timeout_ns: int | None) -> None:
+        self._wakeup.clear()
+        if timeout_ns is None:
+            await self._wakeup.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout_ns / 1e9)
+
+    async def _run(self, picked: list[LiveSequence]) -> None:
+        """One batch: each picked sequence's next step, controls and states filled in."""
+        steps = [sequence.steps.popleft() for sequence in picked]
+        now_ns = self._clock()
+        for step in steps:
+            self._stats.record_queue(now_ns - step.enqueued_ns)
+        by_id = {sequence.id: step for sequence, step in zip(picked, steps, strict=True)}
+        rows = batch_rows(picked, self._settings.strategy, self._max_rows)
+        filled = [None if s is None else Row(by_id[s.id].flags, s.state) for s in rows]
+        inputs = padded_inputs([None if s is None else by_id[s.id].inputs for s in rows])
+        inputs.update(control_tensors(self._settings.controls, filled, self._batched))
+        inputs.update(state_inputs(self._settings, filled, self._batched))
+        merged_ns = self._clock()
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._engine.infer, inputs)
+        except asyncio.CancelledError:
+            _fail(steps, ServerUnavailable("the model was unloaded while running"))
+            raise
+        except Exception as exc:  # the engine's own failure: this batch's steps fail
+            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
+                f"model '{self._stats.name}' failed to run the batch"))
+            return
+        computed_ns = self._clock()
+        self._answer(rows, by_id, outputs)
+        self._stats.record_execution(len(rows), len(steps), merged_ns - now_ns,
+                                     computed_ns - merged_ns, self._clock() - computed_ns)
+
+    def _answer(self, rows: list[LiveSequence | None], by_id: dict[SequenceId, SequenceStep],
+                outputs: TensorDict) -> None:
+        hidden = {state.output_name for state in self._settings.states}
+        for index, sequence in enumerate(rows):
+            if sequence is None:
+                continue
+            step = by_id[sequence.id]
+            sequence.state = row_states(self._settings, outputs, index, self._batched)
+            if step.flags.end:
+                self._end(sequence)
+            if step.future.done():
+                continue
+            step.future.set_result({
+                name: array[index:index + 1] if self._batched else array
+                for name, array in outputs.items() if name not in hidden})
+
+    def _end(self, sequence: LiveSequence) -> None:
+        """The sequence's last step ran: free its slot, unless its id starts again at once."""
+        if sequence.steps and sequence.steps[0].flags.start:
+            sequence.state = None
+            return
+        _fail(list(sequence.steps), InvalidInput(
+            f"sequence {sequence.id!r} of model '{self._stats.name}' ended (sequence_end) "
+            "before this request; start it again with sequence_start"))
+        sequence.steps.clear()
+        self._table.release(sequence)
+        self._wake_slot_waiter()
+
+
+def _fail(steps: list[SequenceStep], error: ServalError) -> None:
+    for step in steps:
+        if not step.future.done():
+            step.future.set_exception(error)

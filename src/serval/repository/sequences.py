@@ -1,0 +1,28 @@
+"""A sequence model (config sequence_batching) served: its control and state tensors checked
+against the model, hidden from clients, and fed by a Sequencer instead of a Batcher."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from serval.backends.base import LoadedModel, ModelVersionSpec, Served
+from serval.batching.sequence_tensors import SequenceModel, check_sequence_model
+from serval.batching.sequencer import Sequencer
+from serval.errors import ConfigError
+from serval.stats import ModelStats
+
+
+def serve_sequences(model: LoadedModel, spec: ModelVersionSpec, stats: ModelStats,
+                    executor: ThreadPoolExecutor) -> Served:
+    """The model behind a Sequencer; ConfigError (the model unloaded) when the config's
+    controls or states do not match the model's tensors."""
+    settings = spec.config.sequence_batching
+    assert settings is not None
+    try:
+        check_sequence_model(model.metadata, settings, f"{spec.path.parent}/config")
+    except ConfigError:
+        model.unload()
+        raise
+    runner = Sequencer(model, settings, stats, instances=spec.config.instances,
+                       executor=executor)
+    return Served(SequenceModel(model, settings), runner)

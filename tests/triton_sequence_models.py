@@ -1,0 +1,118 @@
+"""The sequence models Triton's sequence client examples expect, built locally as ONNX models
+in a repository written the Triton way (`config.pbtxt` with `sequence_batching`, no Serval
+file); the server fills their control inputs and carries their implicit state:
+
+- simple_sequence: OUTPUT = INPUT + START (controls START, READY; any sequence id);
+- simple_dyna_sequence: OUTPUT = INPUT + START, plus the CORRID (UINT64) on the END step;
+- simple_string_dyna_sequence: an accumulator in implicit state (zeros on START), plus the
+  CORRID (a STRING id, read as an integer) on the END step;
+- accumulate: FP32 accumulator in implicit state, oldest strategy (Serval's own tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+I32 = TensorProto.INT32
+
+
+def _io(name: str, elem: int) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, ["batch", 1])
+
+
+def _control(name: str, kind: str) -> str:
+    return (f'  {{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} '
+            "int32_false_true: [ 0, 1 ] } ] }")
+
+
+def _corrid(name: str, data_type: str) -> str:
+    return (f'  {{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_CORRID '
+            f"data_type: {data_type} }} ] }}")
+
+
+def _state(input_name: str, output_name: str, data_type: str) -> str:
+    return (f'  {{ input_name: "{input_name}" output_name: "{output_name}" '
+            f"data_type: {data_type} dims: [ 1 ] initial_state: {{ data_type: {data_type} "
+            'dims: [ 1 ] zero_data: true name: "zero" } }')
+
+
+def _config(name: str, controls: list[str], states: list[str], data_type: str = "TYPE_INT32",
+            strategy: str = "") -> str:
+    state = "  state [\n" + ",\n".join(states) + "\n  ]\n" if states else ""
+    control = "  control_input [\n" + ",\n".join(controls) + "\n  ]\n" if controls else ""
+    return (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            f"sequence_batching {{\n{strategy}  max_sequence_idle_microseconds: 5000000\n"
+            f"{control}{state}}}\n"
+            f'input [ {{ name: "INPUT" data_type: {data_type} dims: [ 1 ] }} ]\n'
+            f'output [ {{ name: "OUTPUT" data_type: {data_type} dims: [ 1 ] }} ]\n')
+
+
+def _write(root: Path, name: str, graph: onnx.GraphProto, config: str) -> None:
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, version / "model.onnx")
+    (root / name / "config.pbtxt").write_text(config)
+
+
+def _simple_sequence(root: Path) -> None:
+    nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+             helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]
+    graph = helper.make_graph(nodes, "simple_sequence",
+                              [_io(n, I32) for n in ("INPUT", "START", "READY")],
+                              [_io("OUTPUT", I32)])
+    _write(root, "simple_sequence", graph, _config(
+        "simple_sequence", [_control("START", "START"), _control("READY", "READY")], []))
+
+
+def _simple_dyna_sequence(root: Path) -> None:
+    nodes = [helper.make_node("Cast", ["CORRID"], ["corrid"], to=I32),
+             helper.make_node("Mul", ["END", "corrid"], ["last"]),
+             helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+             helper.make_node("Add", ["sum", "last"], ["total"]),
+             helper.make_node("Mul", ["total", "READY"], ["OUTPUT"])]
+    inputs = [_io(n, I32) for n in ("INPUT", "START", "END", "READY")]
+    graph = helper.make_graph(nodes, "simple_dyna_sequence",
+                              [*inputs, _io("CORRID", TensorProto.UINT64)], [_io("OUTPUT", I32)])
+    controls = [_control("START", "START"), _control("END", "END"), _control("READY", "READY"),
+                _corrid("CORRID", "TYPE_UINT64")]
+    _write(root, "simple_dyna_sequence", graph, _config("simple_dyna_sequence", controls, []))
+
+
+def _string_dyna_sequence(root: Path) -> None:
+    name = "simple_string_dyna_sequence"
+    nodes = [helper.make_node("Add", ["ACC_IN", "INPUT"], ["ACC_OUT"]),
+             helper.make_node("Cast", ["CORRID"], ["corrid"], to=I32),
+             helper.make_node("Mul", ["END", "corrid"], ["last"]),
+             helper.make_node("Add", ["ACC_OUT", "last"], ["OUTPUT"])]
+    inputs = [_io(n, I32) for n in ("INPUT", "END", "ACC_IN")]
+    graph = helper.make_graph(nodes, name, [*inputs, _io("CORRID", TensorProto.STRING)],
+                              [_io("OUTPUT", I32), _io("ACC_OUT", I32)])
+    controls = [_control("END", "END"), _corrid("CORRID", "TYPE_STRING")]
+    _write(root, name, graph, _config(name, controls, [_state("ACC_IN", "ACC_OUT",
+                                                              "TYPE_INT32")]))
+
+
+def _accumulate(root: Path) -> None:
+    """FP32: OUTPUT = the sum of the sequence's INPUTs so far (oldest strategy, 2 candidates)."""
+    f32 = TensorProto.FLOAT
+    nodes = [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+             helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])]
+    graph = helper.make_graph(nodes, "accumulate", [_io("INPUT", f32), _io("STATE_IN", f32)],
+                              [_io("OUTPUT", f32), _io("STATE_OUT", f32)])
+    strategy = "  oldest { max_candidate_sequences: 2 }\n"
+    config = _config("accumulate", [], [_state("STATE_IN", "STATE_OUT", "TYPE_FP32")],
+                     "TYPE_FP32", strategy)
+    _write(root, "accumulate", graph, config.replace("5000000", "300000"))
+
+
+def build(root: Path) -> Path:
+    _simple_sequence(root)
+    _simple_dyna_sequence(root)
+    _string_dyna_sequence(root)
+    _accumulate(root)
+    return root
