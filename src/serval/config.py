@@ -284,8 +284,9 @@ class ServerConfig(_Strict):
     )
     strict_readiness: bool = Field(
         True, description="ready only while every model that should serve is READY (Triton's)")
-    shared_memory: bool = Field(
-        True, description="Triton's system shared memory extension (regions under /dev/shm)")
+    shared_memory: bool | None = Field(
+        None, description="Triton's system shared memory extension (regions under /dev/shm); "
+        "None: on only while the server listens on a loopback address (same-host clients)")
     # behind a load balancer (HAProxy)
     node_name: str | None = Field(
         None, description="the serval-node answer header's value; None: this host's name")

@@ -92,8 +92,9 @@ def serve_command(
         "(control all: every model; explicit: those loaded; lazy: none), as Triton's flag."),
     shared_memory: bool = typer.Option(
         server_default("shared_memory"), "--shared-memory/--no-shared-memory",
-        help="Triton's system shared memory: clients register /dev/shm regions and pass "
-        "tensors through them (off with --workers > 1)."),
+        show_default="on for a loopback --host",
+        help="Triton's system shared memory: clients that may infer register /dev/shm "
+        "regions and pass tensors through them (off with --workers > 1)."),
     node_name: str = typer.Option(
         None, "--node-name", metavar="NAME", rich_help_panel=_BALANCER,
         help="This node's name in the serval-node header of every answer (1-64 of "

@@ -16,8 +16,9 @@ from serval.protocol.types import InferRequest, InferResponse, SharedMemoryRef
 REGION, BYTE_SIZE = "shared_memory_region", "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 PARAMETERS = (REGION, BYTE_SIZE, OFFSET)
-DISABLED = ("shared memory is disabled on this server (started with --no-shared-memory); send "
-            "the tensor's data in the request")
+DISABLED = ("shared memory is off on this server (off by default when it listens beyond "
+            "loopback, and with --workers > 1; --shared-memory turns it on); send the tensor's "
+            "data in the request")
 CUDA_UNSUPPORTED = ("CUDA shared memory is not supported on this server; use system shared "
                     "memory (register_system_shared_memory) or send tensors in the request")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
 import os
 import socket
@@ -110,9 +111,22 @@ async def close_stack(stack: ServingStack) -> None:
 
 
 def shared_memory_registry(config: ServerConfig) -> SharedMemoryRegistry | None:
-    """Triton's system shared memory, unless switched off; off with --workers > 1 too (a
-    region registered with one worker process would be unknown to the others)."""
-    return SharedMemoryRegistry() if config.shared_memory and config.workers == 1 else None
+    """Triton's system shared memory when asked for, or by default while the server listens
+    on a loopback address only (then every client is on this host; listening beyond it, a
+    client that may infer could read and write the server user's /dev/shm objects: Triton
+    too has it off unless --allow-client-shm). Off with --workers > 1 (a region registered
+    with one worker process would be unknown to the others)."""
+    wanted = config.shared_memory
+    if wanted is None:
+        wanted = _is_loopback(config.host)
+    return SharedMemoryRegistry() if wanted and config.workers == 1 else None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return host == "localhost"
 
 
 def own_headers(config: ServerConfig) -> tuple[tuple[str, str], ...]:

@@ -131,6 +131,6 @@ def test_big_endian_and_strided_outputs_are_written_as_the_wire_has_them(
 
 
 def test_a_server_without_shared_memory_refuses_it() -> None:
-    with pytest.raises(InvalidInput, match="--no-shared-memory"):
+    with pytest.raises(InvalidInput, match="shared memory is off on this server"):
         resolve_inputs(None, _request("INT32", (1,), SharedMemoryRef("data", 4)))
     resolve_inputs(None, InferRequest(inputs={}))  # no shm asked: nothing to do

@@ -80,5 +80,5 @@ def test_cuda_is_refused_but_its_empty_status_and_unregister_answer() -> None:
 
 
 def test_switched_off_it_says_how() -> None:
-    with pytest.raises(InvalidInput, match="--no-shared-memory"):
+    with pytest.raises(InvalidInput, match="shared memory is off on this server"):
         _route(None, "GET", "systemsharedmemory/status")
