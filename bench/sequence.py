@@ -22,6 +22,7 @@ import onnxruntime as ort
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import procs, servers
+from bench.sequence_client import LeanLanes, run_lean
 from bench.zoo_sequence import HIDDEN
 
 GOAL_SHARE = 0.80
@@ -156,8 +157,9 @@ async def served(grpc_url: str, pool: np.ndarray, sequences: int, streams: int,
     return lanes.done_steps / (time.perf_counter() - started), lanes
 
 
-def worst_difference(lanes: Lanes, whole_file: Path) -> float:
-    """Max abs difference of every completed sequence's last answer vs the whole-run lstm."""
+def worst_difference(lanes: Lanes | LeanLanes, whole_file: Path) -> float:
+    """Max abs difference of every completed sequence's last answer vs the whole-run lstm
+    (`finals` maps a pool row, or a sequence number counted round the pool, to it)."""
     (want,) = session(whole_file).run(["probabilities"], {"input_ids": lanes.pool})
     return max(float(np.abs(probabilities - want[number % POOL]).max())
                for number, probabilities in lanes.finals.items())
@@ -175,6 +177,9 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--client", choices=("lean", "tritonclient"), default="lean",
+                        help="lean: Serval's own HTTP/2 client, steps pre-encoded (measures "
+                        "the server); tritonclient: its aio stream_infer")
     args = parser.parse_args()
     step_file = args.repository / "lstm_step" / "1" / "model.onnx"
     whole_file = args.repository / "lstm" / "1" / "model.onnx"
@@ -188,8 +193,12 @@ def main() -> None:
     with servers.running(command, port, "/v2/models/lstm_step/ready", repo / "server.log"):
         pid = procs.server_pid(port)
         cpu_before, client_before = _cpu_s(pid), time.process_time()
-        rate, lanes = asyncio.run(served(f"{servers.HOST}:{grpc_port}", pool, args.sequences,
-                                         args.streams, args.duration))
+        if args.client == "lean":
+            lanes = LeanLanes(pool, args.sequences, args.duration)
+            rate = asyncio.run(run_lean(servers.HOST, grpc_port, lanes, args.streams))
+        else:
+            rate, lanes = asyncio.run(served(f"{servers.HOST}:{grpc_port}", pool,
+                                             args.sequences, args.streams, args.duration))
         server_cpu = _cpu_s(pid) - cpu_before
         client_cpu = time.process_time() - client_before
     diff = worst_difference(lanes, whole_file)
@@ -203,7 +212,7 @@ def main() -> None:
           f"= {share:.2f} of raw (goal {GOAL_SHARE:.2f}: "
           f"{'met' if share >= GOAL_SHARE else 'MISSED'})")
     print(f"  CPU per served step: server {server_cpu / lanes.done_steps * 1e6:.0f} us, "
-          f"client (tritonclient aio) {client_cpu / lanes.done_steps * 1e6:.0f} us")
+          f"client ({args.client}) {client_cpu / lanes.done_steps * 1e6:.0f} us")
     print(f"  {len(lanes.finals)} sequences checked against the whole-sequence lstm: "
           f"max|d| = {diff:.1e} ({'identical' if diff == 0 else 'within float tolerance'})")
 
