@@ -27,7 +27,7 @@ from serval.backends.base import (
 )
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
-from serval.backends.isolated import IsolatedBackend
+from serval.backends.isolated_stream import StreamingIsolatedBackend
 from serval.backends.triton_python import CLASS_NAME as TRITON_CLASS_NAME
 from serval.backends.triton_python import (
     defines_triton_model,
@@ -65,11 +65,11 @@ class PythonBackend(EngineBackend):
         return cls(allowed=options.allow_python_models)
 
     async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
-        """Refused at once without --allow-python-models; a Triton model in a worker process."""
+        """Refused at once without --allow-python-models; a Triton model in a worker process
+        (whose responses stream back as it sends them when it is decoupled)."""
         self._check_allowed(spec)
-        if spec.config.isolation != "process" and await asyncio.to_thread(
-                defines_triton_model, spec.path / MODEL_FILE):
-            return await context.batch_engine(IsolatedBackend(self), spec)
+        if await asyncio.to_thread(defines_triton_model, spec.path / MODEL_FILE):
+            return await context.batch_engine(StreamingIsolatedBackend(self), spec)
         return await super().serve(spec, context)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
