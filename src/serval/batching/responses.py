@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 from serval.backends.base import ModelResponse, Runner, StreamRequest
 from serval.errors import BackendError, ServalError
@@ -97,7 +97,7 @@ class ResponseChannel:
 
 async def stream_responses(runner: Runner, inputs: TensorDict, deadline_ns: int | None,
                            request: InferRequest, window: int = DEFAULT_WINDOW
-                           ) -> AsyncIterator[ModelResponse]:
+                           ) -> AsyncGenerator[ModelResponse, None]:
     """A decoupled model's responses to one request, as they come, until the final one.
 
     The request goes through the runner as any other (queued, dropped if its deadline passes
