@@ -291,9 +291,9 @@ class DataPlane:
                 metadata = _require_metadata(served)
                 if metadata.decoupled:  # Triton's words, then what to do
                     raise UnsupportedCall(
-                        f"model '{name}' is decoupled (0..n responses per request): unary "
-                        "calls don't support models with decoupled transaction policy; use "
-                        "gRPC ModelStreamInfer")
+                        f"model '{name}' is decoupled (0..n responses per request): a unary "
+                        "call (ModelInfer RPC, HTTP infer) doesn't support models with "
+                        "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
                 assert served.runner is not None
                 outputs = await served.runner.infer(request.inputs, deadline_ns, request)
