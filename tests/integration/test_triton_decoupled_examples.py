@@ -9,7 +9,6 @@ import asyncio
 import queue
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
