@@ -54,7 +54,7 @@ _CONTROL = "control"  # parent -> child: [(ack | cancel, stream id, count)]
 _RESPONSE = "response"  # child -> parent: one response of one stream
 _EXECUTED = "executed"  # child -> parent: a batch's execute() returned (results follow)
 _FAILED = "failed"  # child -> parent: a batch's execute() raised
-_STOP = "stop"
+STOP_WRITER_S = 5.0
 
 
 class StreamingIsolatedBackend(IsolatedBackend):
@@ -118,8 +118,9 @@ class StreamPipe:
         self._control: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._closed = False
         threading.Thread(target=self._read, daemon=True, name="serval-stream-reader").start()
-        threading.Thread(target=self._write_control, daemon=True,
-                         name="serval-stream-control").start()
+        self._writer = threading.Thread(target=self._write_control, daemon=True,
+                                        name="serval-stream-control")
+        self._writer.start()
 
     def execute(self, requests: Sequence[InferRequest]) -> list[TensorDict | ServalError]:
         """Send the batch, wait for its execute() to return; responses go to the sinks."""
@@ -162,6 +163,8 @@ class StreamPipe:
             streams, self._streams = self._streams, {}
             batches, self._batches = self._batches, {}
         self._control.put(None)
+        if threading.current_thread() is not self._writer:
+            self._writer.join(STOP_WRITER_S)  # nothing of it on the pipe once it is closed
         for future in batches.values():
             if not future.done():
                 future.set_exception(error)

@@ -144,9 +144,10 @@ def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
         raise ConfigError(f"{source}: field 'default_model_filename' "
                           f"'{config.default_model_filename}' is not supported (Serval loads "
                           f"{' or '.join(model_files) or 'no file'} for this backend)")
-    if config.model_transaction_policy.decoupled and backend != "python":
+    if config.model_transaction_policy.decoupled and (backend != "python"
+                                                       or config.model_warmup):
         raise ConfigError(f"{source}: field 'model_transaction_policy.decoupled' is supported "
-                          "for python models only")
+                          "for python models without model_warmup only")
     if backend not in SELF_DESCRIBING and any(
             t.HasField("reshape") for t in [*config.input, *config.output]):
         raise ConfigError(f"{source}: field 'reshape' is supported for "
