@@ -224,7 +224,7 @@ def test_a_model_decoupled_by_auto_complete_streams_and_refuses_unary_calls(
     stream.start_stream(callback=collect)
     stream.async_stream_infer("decoupled", [_input(grpcclient, "IN", x, "FP32")])
     assert done.wait(30)
-    stream.stop_stream()
+    stream.close()
     assert [a.as_numpy("OUT").tolist() for a in answers] == [[4.0], [6.0]]
     assert [a.get_response().parameters["triton_final_response"].bool_param
             for a in answers] == [False, True]
