@@ -125,8 +125,13 @@ def test_zero_one_and_n_responses_with_their_final_flags(
         stream: Stream, mode: str, n: int, empty_final: bool,
         expected: list[tuple[list[int] | None, bool]]) -> None:
     stream.modes("r", mode, n, empty_final)
-    stream.modes("end", "final_with_last", 1)  # a request behind it, to know it sent all
-    seen = stream.until(lambda got: any(s.id == "end" for s in got))
+    stream.modes("end", "final_with_last", 1)  # run after it: r's responses are all sent
+
+    def both(got: list[Seen]) -> bool:  # (responses of the two may interleave on the way)
+        return (any(s.id == "end" for s in got)
+                and len([s for s in got if s.id == "r"]) >= len(expected))
+
+    seen = stream.until(both)
     assert [(s.out, s.final) for s in seen if s.id == "r"] == expected
 
 

@@ -41,6 +41,9 @@ async def is_decoupled(dataplane: DataPlane, name: str, version: str | None) -> 
     """Whether the model (loaded on a miss) is decoupled; False when it cannot be reached
     (a unary path then says why)."""
     try:
+        served = dataplane.registry.get(name, version)
+        if served.model is not None:  # loaded: no lease needed to read its metadata
+            return served.model.metadata.decoupled
         async with dataplane.registry.acquire(name, version) as served:
             return served.model is not None and served.model.metadata.decoupled
     except ServalError:
