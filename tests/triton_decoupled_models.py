@@ -7,6 +7,7 @@ response sender, from execute() or from threads it starts.
   DELAY[i] ms, sent from a thread; execute() returns after WAIT ms; IN of shape [0] sends none.
 - square_int32: Triton python_backend's square example: IN INT32 [1] = n, n responses OUT = n.
 - modes: what a test asks by MODE (see MODES), N its count.
+- counter: Serval's own decoupled model (config.yaml, a `Model` whose infer is a generator).
 """
 
 from __future__ import annotations
@@ -200,6 +201,43 @@ output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 """
 
 
+# Serval's own decoupled model beside them: a `Model` whose infer is a generator; OUT = 0..N-1,
+# and N < 0 fails after the first response.
+COUNTER = '''
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        pass
+
+    def infer(self, inputs):
+        n = int(inputs["N"][0])
+        for value in range(abs(n)):
+            if n < 0 and value == 1:
+                raise ValueError("N < 0 fails after the first response")
+            yield {"OUT": np.array([value], np.int32)}
+'''
+
+COUNTER_CONFIG = """\
+backend: python
+max_batch_size: 0
+inputs:
+  - {name: N, datatype: INT32, dims: [1]}
+outputs:
+  - {name: OUT, datatype: INT32, dims: [1]}
+"""
+
+
+def write_serval(root: Path, name: str, source: str, config: str) -> Path:
+    """A Serval model folder: config.yaml and 1/model.py."""
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    (root / name / "config.yaml").write_text(config)
+    (version / "model.py").write_text(source)
+    return root / name
+
+
 def write(root: Path, name: str, source: str, pbtxt: str) -> Path:
     """A model folder as Triton has it: config.pbtxt and 1/model.py."""
     version = root / name / "1"
@@ -213,4 +251,5 @@ def build_all(root: Path) -> Path:
     write(root, "repeat_int32", REPEAT, REPEAT_PBTXT)
     write(root, "square_int32", SQUARE, SQUARE_PBTXT)
     write(root, "modes", MODES_MODEL, MODES_PBTXT)
+    write_serval(root, "counter", COUNTER, COUNTER_CONFIG)
     return root

@@ -2,7 +2,7 @@
 final flags and empty final responses, interleaving with other requests (a model that is not
 decoupled on the same stream unaffected), errors mid-stream, unary calls refused on both
 transports, and cancellation reaching the model in its worker process when the client cancels,
-closes its connection or its deadline passes."""
+closes its connection or its deadline passes; Serval's own generator models too."""
 
 from __future__ import annotations
 
@@ -268,3 +268,18 @@ def test_the_streams_deadline_stops_the_model(server: RunningServer, repository:
     marker = json.loads(_wait_for_file(repository / "modes" / "cancelled-deadline"))
     assert marker["request"] is True
     stream.close(cancel=True)
+
+
+def test_servals_own_generator_model_streams_and_refuses_unary_calls(
+        stream: Stream, server: RunningServer) -> None:
+    stream.send("counter", "count", {"N": [3]}, empty_final=True)
+    assert [(s.out, s.final) for s in stream.take(4)] == [
+        ([0], False), ([1], False), ([2], False), (None, True)]
+    stream.send("counter", "fails", {"N": [-3]})
+    first, failed = stream.take(2)
+    assert (first.id, first.out) == ("fails", [0]) and failed.error is not None
+    client = httpclient.InferenceServerClient(server.url)
+    infer_input = httpclient.InferInput("N", [1], "INT32")
+    infer_input.set_data_from_numpy(np.array([1], dtype=np.int32))
+    with pytest.raises(InferenceServerException, match="model 'counter' is decoupled"):
+        client.infer("counter", [infer_input])
