@@ -164,6 +164,7 @@ class TritonPythonModel:
 
 AUTO_CONFIG = "backend: python\n"
 
+# Made decoupled by auto_complete_config: two responses per request, the second final.
 DECOUPLED = '''
 import triton_python_backend_utils as pb_utils
 
@@ -172,10 +173,18 @@ class TritonPythonModel:
     @staticmethod
     def auto_complete_config(config):
         config.set_model_transaction_policy({"decoupled": True})
+        config.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]})
         return config
 
     def execute(self, requests):
-        return []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 3)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
 '''
 
 # Dies (as a segfault would) when INPUT0 holds 13; otherwise the identity.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from serval import __version__
@@ -18,6 +19,7 @@ from serval.errors import (
     Overloaded,
     PermissionDenied,
     ServalError,
+    UnsupportedCall,
 )
 from serval.protocol.classification import classify
 from serval.protocol.dtypes import lookup, v2_datatype
@@ -213,18 +215,26 @@ class DataPlane:
         to requests that set neither. A request still queued then is dropped before compute
         (504).
         """
+        with self.in_flight(request, received_ns, deadline_ns) as deadline_ns:
+            response = await self._infer_model(name, version, request, received_ns,
+                                               deadline_ns)
+        write_outputs(self.shared_memory, request, response)  # outputs asked for in shm
+        return response
+
+    @contextlib.contextmanager
+    def in_flight(self, request: InferRequest, received_ns: int,
+                  deadline_ns: int | None) -> Iterator[int | None]:
+        """Count a client's request in flight while it runs (429 past max_inflight; its sizes
+        checked, its shared-memory inputs read); yields its deadline (see infer)."""
         self._check_inflight()
         resolve_inputs(self.shared_memory, request)  # inputs from shm regions, if any
         self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1
         try:
-            response = await self._infer_model(name, version, request, received_ns,
-                                               deadline_ns)
+            yield deadline_ns
         finally:
             self._inflight -= 1
-        write_outputs(self.shared_memory, request, response)  # outputs asked for in shm
-        return response
 
     def _check_sizes(self, request: InferRequest) -> None:
         for name, array in request.inputs.items():
@@ -289,6 +299,11 @@ class DataPlane:
             stats = served.stats
             try:
                 metadata = _require_metadata(served)
+                if metadata.decoupled:  # Triton's words, then what to do
+                    raise UnsupportedCall(
+                        f"model '{name}' is decoupled (0..n responses per request): a unary "
+                        "call (ModelInfer RPC, HTTP infer) doesn't support models with "
+                        "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
                 assert served.runner is not None
                 outputs = await served.runner.infer(request.inputs, deadline_ns, request)

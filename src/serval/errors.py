@@ -46,6 +46,11 @@ class EngineRejectedInput(InvalidInput):
         self.detail = detail
 
 
+class UnsupportedCall(InvalidInput):
+    """The call cannot serve this model (a decoupled model over a unary call): HTTP 400,
+    gRPC UNIMPLEMENTED (Triton's status for it)."""
+
+
 class ModelNotFound(ServalError):
     """No such model or version in the repository (HTTP 404)."""
 

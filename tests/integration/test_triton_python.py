@@ -203,13 +203,28 @@ def test_refused_without_the_flag_with_the_reason(server_factory: Callable[..., 
                                  _input(module, "INPUT1", x, "INT32")])
 
 
-def test_a_decoupled_model_is_refused_with_a_clear_reason(
+def test_a_model_decoupled_by_auto_complete_streams_and_refuses_unary_calls(
         server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
     models.write(tmp_path, "decoupled", models.DECOUPLED, models.AUTO_CONFIG)
-    models.add_sub(tmp_path)
     server = server_factory(tmp_path, "--allow-python-models")
     client = httpclient.InferenceServerClient(server.url)
-    assert client.is_model_ready("add_sub") and not client.is_model_ready("decoupled")
-    with pytest.raises(InferenceServerException, match=r"decoupled models .* not supported yet"):
-        client.infer("decoupled", [_input(httpclient, "IN", np.ones((1, 1), np.float32),
-                                          "FP32")])
+    assert client.is_model_ready("decoupled")
+    x = np.full((1,), 2.0, np.float32)
+    with pytest.raises(InferenceServerException, match=r"model 'decoupled' is decoupled"):
+        client.infer("decoupled", [_input(httpclient, "IN", x, "FP32")])
+    answers: list[Any] = []
+    done = threading.Event()
+
+    def collect(result: Any, error: Any) -> None:
+        answers.append(error or result)
+        if len(answers) == 2:
+            done.set()
+
+    stream = grpcclient.InferenceServerClient(server.grpc_url)
+    stream.start_stream(callback=collect)
+    stream.async_stream_infer("decoupled", [_input(grpcclient, "IN", x, "FP32")])
+    assert done.wait(30)
+    stream.close()
+    assert [a.as_numpy("OUT").tolist() for a in answers] == [[4.0], [6.0]]
+    assert [a.get_response().parameters["triton_final_response"].bool_param
+            for a in answers] == [False, True]

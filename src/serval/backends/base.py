@@ -3,7 +3,7 @@ batch) and the registry batches it; a composite (a pipeline) runs other models' 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -15,12 +15,14 @@ from serval.protocol.types import InferRequest, InferResponse, TensorDict, Tenso
 
 @dataclass(frozen=True, slots=True)
 class ModelMetadata:
-    """What a loaded model accepts and returns; max_batch_size 0 means no batch axis."""
+    """What a loaded model accepts and returns; max_batch_size 0 means no batch axis.
+    A decoupled model sends 0..n responses per request (see ResponseSink)."""
 
     platform: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+    decoupled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,43 @@ class RequestModel(LoadedModel, Protocol):
 
     def infer_requests(self, requests: Sequence[InferRequest]
                        ) -> list[TensorDict | ServalError]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """One response of a decoupled model to one request: outputs, or an error, or neither
+    (the final flag alone); `final` says the request gets no more."""
+
+    outputs: TensorDict | None = None
+    error: ServalError | None = None
+    final: bool = False
+
+
+class ResponseSink(Protocol):
+    """Where a decoupled model sends one request's responses, from any thread.
+
+    send() blocks while the client is `window` responses behind (backpressure), and drops
+    what is sent once the request is cancelled (returns False). A relay that keeps the
+    window itself (a worker process's pipe) uses forward(), which never blocks, and is told
+    through relay() when the client takes a response and when the request is cancelled."""
+
+    window: int
+
+    def send(self, response: ModelResponse) -> bool: ...
+
+    def forward(self, response: ModelResponse) -> None: ...
+
+    def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class StreamRequest(InferRequest):
+    """A request to a decoupled model: its responses go to `sink`, not to the batcher (which
+    sees execute's return, an empty result, once the model has taken the request)."""
+
+    sink: ResponseSink | None = None
 
 
 class Runner(Protocol):

@@ -59,10 +59,14 @@ class IsolatedBackend:
 
 
 class IsolatedModel:
-    """The parent's handle on one child: infer, restart after a crash, unload."""
+    """The parent's handle on one child: infer, restart after a crash, unload. `child_target`
+    is the child's main function (child_main's signature)."""
 
-    def __init__(self, inner: Engine, spec: ModelVersionSpec) -> None:
+    def __init__(self, inner: Engine, spec: ModelVersionSpec,
+                 child_target: Callable[[Connection, Engine, ModelVersionSpec], None] | None
+                 = None) -> None:
         self._inner, self._spec = inner, spec
+        self._child_target = child_target or child_main
         self._label = f"model '{spec.name}' version {spec.version}"
         self._lock = threading.Lock()  # one batch on the pipe at a time
         self._process: BaseProcess | None = None
@@ -121,12 +125,31 @@ class IsolatedModel:
             self._closed = True
             self._stop_child()
 
+    def connection(self) -> Connection:
+        """The live child's pipe, for a caller that runs its own exchange on it (restarting a
+        child that died first)."""
+        with self._lock:
+            if self._closed:
+                raise ModelNotReady(f"{self._label} is unloaded")
+            if self._conn is None:
+                self._restart_locked()
+            assert self._conn is not None
+            return self._conn
+
+    def lost(self, conn: Connection) -> BackendError:
+        """The child behind `conn` is gone: reap and restart it (once), say what happened."""
+        with self._lock:
+            if self._conn is conn and not self._closed:
+                return self._crashed()
+        return BackendError(f"{self._label}: its worker process stopped")
+
     # child lifecycle -------------------------------------------------------------------------
 
     def _spawn(self) -> tuple[ModelMetadata, int, bool]:
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
-        process = context.Process(target=child_main, args=(child_conn, self._inner, self._spec),
+        process = context.Process(target=self._child_target,
+                                  args=(child_conn, self._inner, self._spec),
                                   name=f"serval-model-{self._spec.name}", daemon=True)
         process.start()
         child_conn.close()
@@ -327,21 +350,30 @@ def recv_results(conn: Connection, statuses: list[tuple[str, ...] | None]
 
 def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
     """The worker process: load, then answer batches until told to stop or the pipe closes."""
+    model = load_in_child(conn, backend, spec)
+    if model is None:
+        return
+    try:
+        serve_child(conn, model)
+    finally:
+        model.unload()
+
+
+def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
+                  ) -> LoadedModel | None:
+    """In the worker process: load the model and tell the parent (None: it failed, said)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         model = backend.load(spec)
     except Exception as exc:
         conn.send(("error", str(exc) or repr(exc)))
-        return
+        return None
     conn.send(("ready", model.metadata, model.memory_bytes(), isinstance(model, RequestModel)))
-    try:
-        _serve_child(conn, model)
-    finally:
-        model.unload()
+    return model
 
 
-def _serve_child(conn: Connection, model: LoadedModel) -> None:
+def serve_child(conn: Connection, model: LoadedModel) -> None:
     while True:
         try:
             kind, _ = message = conn.recv()

@@ -1,5 +1,6 @@
-"""Python models: a `model.py` whose `Model` class has load(ctx) and infer(inputs) -> outputs,
-or a Triton Python-backend model (`TritonPythonModel`, backends/triton_python.py).
+"""Python models: a `model.py` whose `Model` class has load(ctx) and infer(inputs) -> outputs
+(an infer that is a generator makes a decoupled model: backends/python_stream.py), or a Triton
+Python-backend model (`TritonPythonModel`, backends/triton_python.py).
 
 It runs arbitrary code, so the server refuses it unless started with --allow-python-models.
 Inputs and outputs are batch-first numpy dicts, declared in config.yaml. A Triton model always
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,8 @@ from serval.backends.base import (
 )
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
-from serval.backends.isolated import IsolatedBackend
+from serval.backends.isolated_stream import StreamingIsolatedBackend
+from serval.backends.python_stream import GeneratorModel
 from serval.backends.triton_python import CLASS_NAME as TRITON_CLASS_NAME
 from serval.backends.triton_python import (
     defines_triton_model,
@@ -65,11 +68,12 @@ class PythonBackend(EngineBackend):
         return cls(allowed=options.allow_python_models)
 
     async def serve(self, spec: ModelVersionSpec, context: ServeContext) -> Served:
-        """Refused at once without --allow-python-models; a Triton model in a worker process."""
+        """Refused at once without --allow-python-models; a Triton model in a worker process
+        (whose responses stream back as it sends them when it is decoupled)."""
         self._check_allowed(spec)
-        if spec.config.isolation != "process" and await asyncio.to_thread(
+        if spec.config.isolation == "process" or await asyncio.to_thread(
                 defines_triton_model, spec.path / MODEL_FILE):
-            return await context.batch_engine(IsolatedBackend(self), spec)
+            return await context.batch_engine(StreamingIsolatedBackend(self), spec)
         return await super().serve(spec, context)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
@@ -91,6 +95,9 @@ class PythonBackend(EngineBackend):
                               f"infer(inputs) methods (or a Triton {TRITON_CLASS_NAME})")
         instance = model_class()
         instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
+        if inspect.isgeneratorfunction(model_class.infer):  # 0..n responses per request
+            return GeneratorModel(spec.name, instance, replace(metadata, decoupled=True),
+                                  path.stat().st_size)
         return PythonModel(instance, metadata, path.stat().st_size)
 
     def _check_allowed(self, spec: ModelVersionSpec) -> None:

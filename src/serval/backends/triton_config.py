@@ -89,11 +89,9 @@ def initialize_args(spec: ModelVersionSpec, model_config: dict[str, Any]) -> dic
 def metadata_from_config(model_config: dict[str, Any], where: str) -> ModelMetadata:
     """What Serval serves for a (possibly auto-completed) Triton config: inputs and outputs
     with the batch axis (-1) first when max_batch_size > 0. ConfigError for what Serval
-    cannot serve (decoupled), and for missing or malformed tensors."""
+    cannot serve: missing or malformed tensors. model_transaction_policy { decoupled: true }
+    makes a decoupled model (0..n responses per request, over gRPC streams)."""
     policy = model_config.get("model_transaction_policy") or {}
-    if policy.get("decoupled"):
-        raise ConfigError(f"{where}: decoupled models (model_transaction_policy "
-                          "{ decoupled: true }) are not supported yet")
     try:
         max_batch_size = int(model_config.get("max_batch_size", 0))
     except (TypeError, ValueError):
@@ -110,6 +108,7 @@ def metadata_from_config(model_config: dict[str, Any], where: str) -> ModelMetad
         tuple(_spec(tensor, batch, where) for tensor in inputs),
         tuple(_spec(tensor, batch, where) for tensor in outputs),
         max_batch_size,
+        decoupled=bool(policy.get("decoupled", False)),
     )
 
 

@@ -3,6 +3,8 @@ execute(requests) -> responses, finalize() and optionally auto_complete_config(c
 
 execute() gets the batch the batcher formed as its list of requests, one per client request
 (never merged); an InferenceResponse(error=TritonError(...)) fails its own request with a 400.
+A decoupled model's execute() returns None and sends each request's responses through its
+response sender, to the request's sink (backends.base.StreamRequest), from any thread.
 The python backend runs these models in a worker process (backends/python.py).
 """
 
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from serval.backends import triton_utils as pb_utils
-from serval.backends.base import ModelMetadata, ModelVersionSpec
+from serval.backends.base import ModelMetadata, ModelResponse, ModelVersionSpec, StreamRequest
 from serval.backends.triton_config import (
     initialize_args,
     metadata_from_config,
@@ -109,6 +111,8 @@ class TritonModel:
 
     def infer_requests(self, requests: Sequence[InferRequest]
                        ) -> list[TensorDict | ServalError]:
+        if self._metadata.decoupled:
+            return self._execute_decoupled(requests)
         pb_requests = [self._pb_request(request) for request in requests]
         with self._lock:
             responses = self._instance.execute(pb_requests)
@@ -119,6 +123,38 @@ class TritonModel:
                                f"InferenceResponse per request ({len(requests)}), got {got}")
         return [self._result(response, pb_request.requested_output_names())
                 for response, pb_request in zip(responses, pb_requests, strict=True)]
+
+    def _execute_decoupled(self, requests: Sequence[InferRequest]
+                           ) -> list[TensorDict | ServalError]:
+        """execute() with a response sender per request; an empty result per request once
+        it returns (None, as Triton requires), the responses going to each request's sink."""
+        pb_requests = []
+        for request in requests:
+            if not isinstance(request, StreamRequest) or request.sink is None:
+                raise BackendError(f"model '{self._name}' is decoupled: its requests need a "
+                                   "response stream")
+            pb_requests.append(self._pb_request(request, self._sender(request)))
+        with self._lock:
+            returned = self._instance.execute(pb_requests)
+        if returned is not None:
+            raise BackendError(f"model '{self._name}' is decoupled: execute() must return "
+                               f"None (it sends responses), it returned {type(returned).__name__}")
+        return [{} for _ in requests]
+
+    def _sender(self, request: StreamRequest) -> pb_utils.InferenceResponseSender:
+        sink = request.sink
+        assert sink is not None
+        wanted = ([output.name for output in request.outputs] if request.outputs
+                  else [spec.name for spec in self._metadata.outputs])
+
+        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            result = None if response is None else self._result(response, wanted)
+            if isinstance(result, ServalError):
+                sink.send(ModelResponse(error=result, final=final))
+            else:
+                sink.send(ModelResponse(outputs=result, final=final))
+
+        return pb_utils.InferenceResponseSender(deliver, sink.is_cancelled)
 
     def memory_bytes(self) -> int:
         return self._size_bytes
@@ -133,7 +169,9 @@ class TritonModel:
             with self._lock:
                 finalize()
 
-    def _pb_request(self, request: InferRequest) -> pb_utils.InferenceRequest:
+    def _pb_request(self, request: InferRequest,
+                    sender: pb_utils.InferenceResponseSender | None = None
+                    ) -> pb_utils.InferenceRequest:
         wanted = ([output.name for output in request.outputs] if request.outputs
                   else [spec.name for spec in self._metadata.outputs])
         parameters = {key: value for key, value in request.parameters.items()
@@ -146,6 +184,7 @@ class TritonModel:
             parameters=json.dumps(parameters),
             model_name=self._name,
             model_version=self._version,
+            response_sender=sender,
         )
 
     def _result(self, response: Any, wanted: list[str]) -> TensorDict | ServalError:

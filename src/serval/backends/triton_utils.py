@@ -3,7 +3,8 @@ requests, responses, errors, the auto-complete config helper and the datatype he
 
 Models import it as `import triton_python_backend_utils as pb_utils`; the python backend makes
 that name resolve to this module before it imports a model.py (backends/triton_python.py).
-Decoupled mode, BLS (`InferenceRequest.exec`) and DLPack are not provided.
+Decoupled models get a response sender per request (InferenceResponseSender); BLS
+(`InferenceRequest.exec`) and DLPack are not provided.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,7 +118,9 @@ class InferenceRequest:
                  correlation_id: int | str = 0,
                  requested_output_names: Sequence[str] = (),
                  parameters: str | dict[str, Any] = "{}", model_name: str = "",
-                 model_version: int = -1, flags: int = 0) -> None:
+                 model_version: int = -1, flags: int = 0,
+                 response_sender: InferenceResponseSender | None = None) -> None:
+        self._sender = response_sender
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -151,7 +155,7 @@ class InferenceRequest:
         return self._flags
 
     def is_cancelled(self) -> bool:
-        return False
+        return self._sender is not None and self._sender.is_cancelled()
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
         raise TritonModelException("business logic scripting (InferenceRequest.exec) is not "
@@ -160,9 +164,46 @@ class InferenceRequest:
     def async_exec(self, *args: Any, **kwargs: Any) -> Any:
         return self.exec(*args, **kwargs)
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("decoupled models (get_response_sender) are not supported "
-                                   "by Serval yet")
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "get_response_sender() is for decoupled models: set model_transaction_policy "
+                "{ decoupled: true } in the model's config")
+        return self._sender
+
+
+class InferenceResponseSender:
+    """A decoupled request's responses: send() any number of times, from any thread, the
+    last one with flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL (a response, or None alone)."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None],
+                 is_cancelled: Callable[[], bool]) -> None:
+        self._deliver, self._is_cancelled = deliver, is_cancelled
+        self._lock = threading.Lock()  # one send at a time, in order
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed.")
+            if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+                raise TritonModelException("Unable to send response. Unsupported flag provided.")
+            if response is None and flags == 0:
+                raise TritonModelException("Inference Response object must be provided when "
+                                           "the response flags is set to zero.")
+            if response is not None and not isinstance(response, InferenceResponse):
+                raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, not a "
+                                           f"{type(response).__name__}")
+            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            self._deliver(response, self._closed)
+
+    def is_cancelled(self) -> bool:
+        return self._is_cancelled()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 class InferenceResponse:

@@ -13,8 +13,9 @@ dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
 timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
 KIND_GPU -> device cuda[:N]); version_policy; model_warmup (zero_data, random_data) -> warmup;
-parameters -> parameters (string values); label_filename -> labels. Any other field set, or a
-value Serval cannot honour, is a load error naming the field.
+parameters -> parameters (string values); label_filename -> labels;
+model_transaction_policy.decoupled: the python backend's decoupled models (others refuse it).
+Any other field set, or a value Serval cannot honour, is a load error naming the field.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ SUPPORTED: dict[str, Any] = {
                                 "random_data": None}},
     "sequence_batching": SEQUENCE_SUPPORTED,
     "parameters": {"string_value": None},
+    "model_transaction_policy": {"decoupled": None},
     "ensemble_scheduling": {"step": {"model_name": None, "model_version": None,
                                      "input_map": None, "output_map": None}},
 }
@@ -147,6 +149,10 @@ def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
         raise ConfigError(f"{source}: field 'default_model_filename' "
                           f"'{config.default_model_filename}' is not supported (Serval loads "
                           f"{' or '.join(model_files) or 'no file'} for this backend)")
+    if config.model_transaction_policy.decoupled and (backend != "python"
+                                                       or config.model_warmup):
+        raise ConfigError(f"{source}: field 'model_transaction_policy.decoupled' is supported "
+                          "for python models without model_warmup only")
     if backend not in SELF_DESCRIBING and any(
             t.HasField("reshape") for t in [*config.input, *config.output]):
         raise ConfigError(f"{source}: field 'reshape' is supported for "

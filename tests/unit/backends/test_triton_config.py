@@ -72,8 +72,16 @@ def test_protobufs_json_form_is_read_with_string_dims() -> None:
         ("B", "BOOL", (-1, 2))]
 
 
+def test_a_decoupled_policy_makes_a_decoupled_model() -> None:
+    config = {"name": "m", "model_transaction_policy": {"decoupled": True},
+              "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [1]}],
+              "output": [{"name": "B", "data_type": "TYPE_FP32", "dims": [1]}]}
+    assert metadata_from_config(as_python_model_config(config), "model 'm'").decoupled
+    del config["model_transaction_policy"]
+    assert not metadata_from_config(as_python_model_config(config), "model 'm'").decoupled
+
+
 @pytest.mark.parametrize(("change", "message"), [
-    ({"model_transaction_policy": {"decoupled": True}}, "decoupled models"),
     ({"input": []}, "needs its inputs and outputs"),
     ({"max_batch_size": -1}, "max_batch_size must be >= 0"),
     ({"input": [{"name": "A", "data_type": "TYPE_BF16", "dims": [1]}]}, "has data_type"),

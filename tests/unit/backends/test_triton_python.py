@@ -4,12 +4,13 @@ the batch as its requests, errors stay per request, auto-complete, args, finaliz
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from serval.backends.base import ModelVersionSpec, RequestModel
+from serval.backends.base import ModelResponse, ModelVersionSpec, RequestModel, StreamRequest
 from serval.backends.python import PythonBackend
 from serval.backends.triton_python import TritonModel, defines_triton_model
 from serval.config import load_model_config
@@ -106,10 +107,49 @@ def test_auto_complete_fills_the_config_and_initialize_gets_args(tmp_path: Path)
     assert (folder / "finalized").read_text() == "yes"
 
 
-def test_decoupled_models_are_refused_at_load(tmp_path: Path) -> None:
-    folder = models.write(tmp_path, "dec", models.DECOUPLED, models.AUTO_CONFIG)
-    with pytest.raises(ConfigError, match=r"decoupled models .* not supported yet"):
-        load(folder)
+class Collected:
+    """A sink that keeps what it is sent (backends.base.ResponseSink)."""
+
+    window = 8
+
+    def __init__(self) -> None:
+        self.responses: list[ModelResponse] = []
+        self.cancelled = False
+
+    def send(self, response: ModelResponse) -> bool:
+        self.responses.append(response)
+        return not self.cancelled
+
+    def forward(self, response: ModelResponse) -> None:
+        self.responses.append(response)
+
+    def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None:
+        pass
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+def test_a_decoupled_model_sends_its_responses_to_each_requests_sink(tmp_path: Path) -> None:
+    model = load(models.write(tmp_path, "dec", models.DECOUPLED, models.AUTO_CONFIG))
+    assert model.metadata.decoupled
+    sinks = [Collected(), Collected()]
+    requests = [StreamRequest({"IN": np.array([value], np.float32)}, sink=sink)
+                for value, sink in zip((1.0, 5.0), sinks, strict=True)]
+    assert model.infer_requests(requests) == [{}, {}]  # execute() returned None
+    got = [[(r.outputs["OUT"].tolist() if r.outputs else None, r.final) for r in s.responses]
+           for s in sinks]
+    assert got == [[([2.0], False), ([3.0], True)], [([10.0], False), ([15.0], True)]]
+    with pytest.raises(BackendError, match="need a response stream"):
+        model.infer_requests([InferRequest({"IN": np.ones(1, np.float32)})])
+
+
+def test_a_decoupled_execute_must_return_none(tmp_path: Path) -> None:
+    source = models.DECOUPLED.replace("        return None", "        return []")
+    model = load(models.write(tmp_path, "dec", source, models.AUTO_CONFIG))
+    with pytest.raises(BackendError, match="must return None"):
+        model.infer_requests([StreamRequest({"IN": np.ones(1, np.float32)},
+                                            sink=Collected())])
 
 
 def test_a_model_without_inputs_and_outputs_is_refused(tmp_path: Path) -> None:

@@ -58,13 +58,36 @@ def test_an_error_response_carries_message_and_code() -> None:
         pb_utils.InferenceResponse(output_tensors="nope")  # type: ignore[arg-type]
 
 
-def test_bls_and_decoupled_say_they_are_not_supported() -> None:
+def test_bls_is_not_supported_and_a_sender_is_for_decoupled_models() -> None:
     request = pb_utils.InferenceRequest([])
     with pytest.raises(pb_utils.TritonModelException, match="not supported"):
         request.exec()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         request.get_response_sender()
+    assert not request.is_cancelled()
     assert pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL == 1
+
+
+def test_the_response_sender_follows_tritons_rules() -> None:
+    sent: list[tuple[object, bool]] = []
+    cancelled = [False]
+    sender = pb_utils.InferenceResponseSender(lambda r, final: sent.append((r, final)),
+                                              lambda: cancelled[0])
+    request = pb_utils.InferenceRequest([], response_sender=sender)
+    assert request.get_response_sender() is sender
+    response = pb_utils.InferenceResponse([])
+    with pytest.raises(pb_utils.TritonModelException, match="must be provided"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag"):
+        sender.send(response, flags=2)
+    sender.send(response)
+    cancelled[0] = True
+    assert sender.is_cancelled() and request.is_cancelled()
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, False), (None, True)] and sender.closed
+    with pytest.raises(pb_utils.TritonModelException,
+                       match=r"^Unable to send response. Response sender has been closed.$"):
+        sender.send(response)
 
 
 def test_datatype_helpers_follow_tritons_table() -> None:

@@ -136,7 +136,11 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
     ('backend: "onnxruntime" default_model_filename: "net.onnx"',
      "field 'default_model_filename'"),
     ('output [ { name: "y" data_type: TYPE_FP32 label_filename: "../x" } ]', "label_filename"),
-    ("model_transaction_policy { decoupled: true }", "field 'model_transaction_policy'"),
+    ("platform: 'onnxruntime_onnx' model_transaction_policy { decoupled: true }",
+     "field 'model_transaction_policy.decoupled' is supported for python models"),
+    ("backend: 'python' model_transaction_policy { decoupled: true } model_warmup [ { "
+     "name: 'w' inputs { key: 'x' value: { data_type: TYPE_FP32 dims: [1] zero_data: true "
+     "} } } ]", "without model_warmup"),
 ])
 def test_what_serval_cannot_honour_is_a_load_error_naming_it(tmp_path: Path, text: str,
                                                              named: str) -> None:

@@ -6,7 +6,7 @@ which grpc-core's retry policy honours (HTTP's Retry-After).
 
 from __future__ import annotations
 
-from serval.errors import BackendError, ErrorCode, Overloaded, ServalError
+from serval.errors import BackendError, ErrorCode, Overloaded, ServalError, UnsupportedCall
 from serval.observability.logging import report_internal_error
 from serval.protocol.grpc.status import GrpcStatus
 
@@ -33,6 +33,8 @@ def grpc_error(exc: ServalError, rpc: str) -> tuple[GrpcStatus, str, Trailers]:
     if exc.code is ErrorCode.BACKEND_ERROR:
         summary = exc.public_message if isinstance(exc, BackendError) else "internal error"
         return GrpcStatus.INTERNAL, report_internal_error(exc, rpc, summary, exc.message), ()
+    if isinstance(exc, UnsupportedCall):
+        return GrpcStatus.UNIMPLEMENTED, exc.message, ()
     trailers: Trailers = ()
     if isinstance(exc, Overloaded):
         trailers = ((RETRY_PUSHBACK, str(max(1, round(exc.retry_after_s * 1000)))),)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,11 +16,17 @@ from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.grpc.shm_servicer import SharedMemoryRpcs
+from serval.server.grpc.stream_infer import (
+    FINAL_RESPONSE,
+    StreamCall,
+    decoupled_stream,
+    model_is_decoupled,
+    stream_error,
+)
 
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
 _STREAM_SLOTS = 128  # requests of one stream in flight, when the context does not say
-FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last
 
 
 class InferenceServicer(SharedMemoryRpcs):
@@ -78,30 +83,18 @@ class InferenceServicer(SharedMemoryRpcs):
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests of one stream run concurrently (so they batch); answers go back in request
-        order, as Triton answers a model that is not decoupled (every model Serval serves).
-
-        At most `max_stream_messages` requests are running or answered-but-unsent at once: a
-        slot is taken before a request is read and given back once its answer has been handed
-        on, so a client that does not read its answers (or a slow request ahead of fast ones)
-        stops having its requests read.
-        """
+        """Requests of one stream run concurrently (so they batch); a model that is not
+        decoupled answers in request order, a decoupled one as it sends its responses
+        (server/grpc/stream_infer.py says how, and what bounds a stream)."""
         token = _token(context)
-        answers: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None] = (
-            asyncio.Queue())
-        slots = asyncio.Semaphore(getattr(context, "max_stream_messages", _STREAM_SLOTS))
-        reader = asyncio.create_task(self._read_stream(requests, answers, token, slots))
-        try:
-            while (answer := await answers.get()) is not None:
-                yield await answer
-                slots.release()
-        finally:
-            reader.cancel()
-            while not answers.empty():  # the call ended early: stop what still runs
-                if (task := answers.get_nowait()) is not None:
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        call = StreamCall(
+            lambda request: self._stream_one(request, token),
+            lambda request: self._decoupled(request, token),
+            lambda request: decoupled_stream(self.dataplane, request),
+            context, getattr(context, "max_stream_messages", _STREAM_SLOTS))
+        async with contextlib.aclosing(call.answers(requests)) as answers:
+            async for answer in answers:
+                yield answer
 
     async def RepositoryIndex(self, request: Any, context: Context) -> Any:
         await self._authorize(context, Action.READ)
@@ -152,21 +145,15 @@ class InferenceServicer(SharedMemoryRpcs):
         except ServalError as exc:
             await context.abort(*grpc_error(exc, action.value))
 
-    async def _read_stream(
-        self, requests: AsyncIterator[Any],
-        answers: asyncio.Queue[asyncio.Task[pb.ModelStreamInferResponse] | None],
-        token: str | None, slots: asyncio.Semaphore,
-    ) -> None:
-        """Start each request as it is read; its running answer is queued in request order."""
+    async def _decoupled(self, request: Any, token: str | None) -> bool:
+        """Whether a stream request reaches a decoupled model (not when it may not infer:
+        its one answer says so)."""
         try:
-            while True:
-                await slots.acquire()  # released by ModelStreamInfer once the answer is sent
-                request = await anext(requests, None)
-                if request is None:
-                    break
-                answers.put_nowait(asyncio.create_task(self._stream_one(request, token)))
-        finally:
-            answers.put_nowait(None)
+            if self.auth is not None:
+                self.auth.check(token, Action.INFER, request.model_name)
+        except ServalError:
+            return False
+        return await model_is_decoupled(self.dataplane, request)
 
     async def _stream_one(self, request: Any, token: str | None) -> pb.ModelStreamInferResponse:
         """One stream request's answer: its response, or an error that names the request (id,
@@ -177,16 +164,11 @@ class InferenceServicer(SharedMemoryRpcs):
             answer = pb.ModelStreamInferResponse(
                 infer_response=await self._infer(request, None))
         except ServalError as exc:
-            answer = _stream_error(request, grpc_error(exc, "ModelStreamInfer")[1])
+            answer = stream_error(request, grpc_error(exc, "ModelStreamInfer")[1])
         except Exception as exc:
-            answer = _stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
+            answer = stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
         answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
         return answer
-
-
-def _stream_error(request: Any, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
-        id=request.id, model_name=request.model_name, model_version=request.model_version))
 
 
 async def _answer(context: Context, rpc: str, build: Callable[[], Reply]) -> Reply:

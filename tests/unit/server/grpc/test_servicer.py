@@ -32,6 +32,9 @@ class Scripted(InferenceServicer):
         self.gates = {request_id: asyncio.Event() for request_id in ids}
         self.started: list[str] = []
 
+    async def _decoupled(self, request: Any, token: str | None) -> bool:
+        return False  # every model here answers once
+
     async def _stream_one(self, request: Any, token: str | None) -> pb.ModelStreamInferResponse:
         self.started.append(request.id)
         await self.gates[request.id].wait()

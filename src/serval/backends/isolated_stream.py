@@ -1,0 +1,390 @@
+"""Decoupled models in a worker process: responses stream back over the pipe as the model
+sends them, cancellations and flow control go down it while the model runs.
+
+Parent: a reader thread routes what the child sends (each request's responses, each batch's
+end of execute()) and a writer thread sends control messages (a response taken by the client,
+a request cancelled), so the event loop never touches the pipe. Child: the main thread reads
+the pipe (requests, control) while one thread runs execute() a batch at a time, and the
+model's own threads send responses; each request may have `window` responses unacknowledged
+by the parent, beyond which its sender waits (the parent acknowledges each response its client
+takes, so a client that stops reading stops its model, never fills memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from multiprocessing.connection import Connection
+from typing import Any
+
+from serval.backends.base import (
+    Engine,
+    LoadedModel,
+    ModelMetadata,
+    ModelResponse,
+    ModelVersionSpec,
+    RequestModel,
+    ResponseSink,
+    StreamRequest,
+)
+from serval.backends.isolated import (
+    IsolatedBackend,
+    IsolatedModel,
+    IsolatedRequestModel,
+    load_in_child,
+    recv_requests,
+    recv_results,
+    recv_tensors,
+    send_requests,
+    send_results,
+    send_tensors,
+    serve_child,
+)
+from serval.errors import BackendError, EngineRejectedInput, ServalError, ServerUnavailable
+from serval.protocol.types import InferRequest, TensorDict
+
+log = logging.getLogger(__name__)
+
+_STREAMS = "streams"  # parent -> child: a batch of requests, each with its stream id
+_CONTROL = "control"  # parent -> child: [(ack | cancel, stream id, count)]
+_RESPONSE = "response"  # child -> parent: one response of one stream
+_EXECUTED = "executed"  # child -> parent: a batch's execute() returned (results follow)
+_FAILED = "failed"  # child -> parent: a batch's execute() raised
+STOP_WRITER_S = 5.0
+
+
+class StreamingIsolatedBackend(IsolatedBackend):
+    """IsolatedBackend whose children serve decoupled models too."""
+
+    def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        model = IsolatedModel(self.inner, spec, child_target=stream_child_main)
+        if model.metadata.decoupled:
+            return IsolatedStreamModel(model)
+        return IsolatedRequestModel(model) if model.takes_requests else model
+
+
+class IsolatedStreamModel:
+    """A decoupled model in its worker process (a RequestModel whose requests carry sinks)."""
+
+    def __init__(self, model: IsolatedModel) -> None:
+        self.isolated = model
+        self._pipe: StreamPipe | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def metadata(self) -> ModelMetadata:
+        return self.isolated.metadata
+
+    def memory_bytes(self) -> int:
+        return self.isolated.memory_bytes()
+
+    def infer(self, inputs: TensorDict) -> TensorDict:
+        raise BackendError("a decoupled model answers streamed requests only")
+
+    def infer_requests(self, requests: Sequence[InferRequest]
+                       ) -> list[TensorDict | ServalError]:
+        return self._current_pipe().execute(requests)
+
+    def _current_pipe(self) -> StreamPipe:
+        conn = self.isolated.connection()
+        with self._lock:
+            if self._pipe is None or self._pipe.conn is not conn:
+                self._pipe = StreamPipe(conn, lambda: self.isolated.lost(conn))
+            return self._pipe
+
+    def unload(self) -> None:
+        with self._lock:
+            pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            pipe.close(ServerUnavailable("the model was unloaded"))
+        self.isolated.unload()
+
+
+class StreamPipe:
+    """The parent's end of one child's pipe for a decoupled model."""
+
+    def __init__(self, conn: Connection, on_lost: Callable[[], ServalError]) -> None:
+        self.conn = conn
+        self._on_lost = on_lost
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # the tables below
+        self._streams: dict[int, ResponseSink] = {}
+        self._batches: dict[int, Future[list[TensorDict | ServalError]]] = {}
+        self._ids = itertools.count(1)
+        self._control: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
+        self._closed = False
+        threading.Thread(target=self._read, daemon=True, name="serval-stream-reader").start()
+        self._writer = threading.Thread(target=self._write_control, daemon=True,
+                                        name="serval-stream-control")
+        self._writer.start()
+
+    def execute(self, requests: Sequence[InferRequest]) -> list[TensorDict | ServalError]:
+        """Send the batch, wait for its execute() to return; responses go to the sinks."""
+        sinks = [_sink_of(request) for request in requests]
+        future: Future[list[TensorDict | ServalError]] = Future()
+        with self._lock:
+            if self._closed:
+                raise BackendError("the model's worker process stopped")
+            batch_id = next(self._ids)
+            stream_ids = [next(self._ids) for _ in requests]
+            self._batches[batch_id] = future
+            self._streams.update(zip(stream_ids, sinks, strict=True))
+        with self._send_lock:
+            self.conn.send((_STREAMS, batch_id, stream_ids, [s.window for s in sinks]))
+            send_requests(self.conn, requests)
+        for stream_id, sink in zip(stream_ids, sinks, strict=True):
+            self._relay(stream_id, sink)
+        return future.result()
+
+    def _relay(self, stream_id: int, sink: ResponseSink) -> None:
+        """The client's takes and its going away, relayed to the child."""
+        def taken() -> None:
+            self._control.put(("ack", stream_id))
+
+        sink.relay(taken, lambda: self._cancel(stream_id))
+        if sink.is_cancelled():  # before the relay was in place
+            self._cancel(stream_id)
+
+    def _cancel(self, stream_id: int) -> None:
+        with self._lock:
+            self._streams.pop(stream_id, None)
+        self._control.put(("cancel", stream_id))
+
+    def close(self, error: ServalError) -> None:
+        """Stop routing: open streams and batches end with `error`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            streams, self._streams = self._streams, {}
+            batches, self._batches = self._batches, {}
+        self._control.put(None)
+        if threading.current_thread() is not self._writer:
+            self._writer.join(STOP_WRITER_S)  # nothing of it on the pipe once it is closed
+        for future in batches.values():
+            if not future.done():
+                future.set_exception(error)
+        for sink in streams.values():
+            sink.forward(ModelResponse(error=error, final=True))
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self.conn.recv()
+                if message[0] == _RESPONSE:
+                    self._route(message[1], recv_response(self.conn, message[2], message[3]))
+                elif message[0] == _EXECUTED:
+                    self._finish(message[1], recv_results(self.conn, self.conn.recv()[1]))
+                else:  # _FAILED
+                    self._finish(message[1], BackendError(
+                        f"the model raised in its worker process: {message[2]}"))
+        except (EOFError, OSError):
+            if not self._closed:
+                self.close(self._on_lost())
+
+    def _route(self, stream_id: int, response: ModelResponse) -> None:
+        with self._lock:
+            sink = (self._streams.pop(stream_id, None) if response.final
+                    else self._streams.get(stream_id))
+        if sink is not None:
+            sink.forward(response)
+
+    def _finish(self, batch_id: int,
+                results: list[TensorDict | ServalError] | BackendError) -> None:
+        with self._lock:
+            future = self._batches.pop(batch_id, None)
+        if future is None or future.done():
+            return
+        if isinstance(results, BackendError):
+            future.set_exception(results)
+        else:
+            future.set_result(results)
+
+    def _write_control(self) -> None:
+        """Acks and cancels, gathered into one message while the writer was busy."""
+        while (first := self._control.get()) is not None:
+            counts: dict[tuple[str, int], int] = {first: 1}
+            stop = False
+            while not self._control.empty():
+                item = self._control.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                counts[item] = counts.get(item, 0) + 1
+            try:
+                with self._send_lock:
+                    self.conn.send((_CONTROL, [(a, sid, n) for (a, sid), n in counts.items()]))
+            except (OSError, ValueError):
+                return
+            if stop:
+                return
+
+
+def _sink_of(request: InferRequest) -> ResponseSink:
+    if not isinstance(request, StreamRequest) or request.sink is None:
+        raise BackendError("a decoupled model's requests need a response stream")
+    return request.sink
+
+
+# one response on the wire: (RESPONSE, stream id, final, status), tensors after a None status
+
+def send_response(conn: Connection, stream_id: int, response: ModelResponse) -> None:
+    error, outputs = response.error, response.outputs
+    status: tuple[str, ...] | None
+    if isinstance(error, EngineRejectedInput):
+        status = ("rejected", error.message, error.detail)
+    elif error is not None:
+        status = ("failed", error.message)
+    else:
+        status = ("empty",) if outputs is None else None
+    conn.send((_RESPONSE, stream_id, response.final, status))
+    if status is None and outputs is not None:
+        send_tensors(conn, outputs)
+
+
+def recv_response(conn: Connection, final: bool, status: tuple[str, ...] | None
+                  ) -> ModelResponse:
+    if status is None:
+        return ModelResponse(outputs=recv_tensors(conn), final=final)
+    if status[0] == "rejected":
+        return ModelResponse(error=EngineRejectedInput(status[1], status[2]), final=final)
+    if status[0] == "failed":
+        return ModelResponse(error=BackendError(status[1]), final=final)
+    return ModelResponse(final=final)
+
+
+# the child ----------------------------------------------------------------------------------
+
+def stream_child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
+    """The worker process (isolated.child_main's), serving a decoupled model's streams."""
+    model = load_in_child(conn, backend, spec)
+    if model is None:
+        return
+    try:
+        if model.metadata.decoupled and isinstance(model, RequestModel):
+            ChildStreams(conn, model).serve()
+        else:
+            serve_child(conn, model)
+    finally:
+        model.unload()
+
+
+class ChildStreams:
+    """The child's side: read requests and control, run execute() on a thread of its own."""
+
+    def __init__(self, conn: Connection, model: RequestModel) -> None:
+        self.conn, self.model = conn, model
+        self.send_lock = threading.Lock()
+        self.sinks: dict[int, ChildSink] = {}
+        self._work: queue.SimpleQueue[tuple[int, list[InferRequest]] | None] = (
+            queue.SimpleQueue())
+
+    def serve(self) -> None:
+        worker = threading.Thread(target=self._execute_batches, daemon=True,
+                                  name="serval-execute")
+        worker.start()
+        try:
+            self._read()
+        finally:
+            for sink in list(self.sinks.values()):
+                sink.cancel()  # senders waiting for room wake; what they send is dropped
+            self._work.put(None)
+            worker.join()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is gone
+            if message[0] == _STREAMS:
+                _, batch_id, stream_ids, windows = message
+                heads = self.conn.recv()[1]
+                requests = recv_requests(self.conn, heads)
+                self._work.put((batch_id, [self._stream_request(request, sid, window)
+                                           for request, sid, window
+                                           in zip(requests, stream_ids, windows, strict=True)]))
+            elif message[0] == _CONTROL:
+                for action, stream_id, count in message[1]:
+                    sink = self.sinks.get(stream_id)
+                    if sink is not None:
+                        sink.credit(count) if action == "ack" else sink.cancel()
+            else:  # _STOP
+                return
+
+    def _stream_request(self, request: InferRequest, stream_id: int, window: int
+                        ) -> StreamRequest:
+        sink = ChildSink(self, stream_id, window)
+        self.sinks[stream_id] = sink
+        return StreamRequest(request.inputs, request.outputs, request.id, request.parameters,
+                             request.binary_output, sink=sink)
+
+    def _execute_batches(self) -> None:
+        while (item := self._work.get()) is not None:
+            batch_id, requests = item
+            try:
+                results = self.model.infer_requests(requests)
+            except Exception as exc:
+                self._send((_FAILED, batch_id, f"{type(exc).__name__}: {exc}"))
+                continue
+            with self.send_lock:
+                self.conn.send((_EXECUTED, batch_id))
+                send_results(self.conn, results)
+
+    def _send(self, message: Any) -> None:
+        with self.send_lock:
+            self.conn.send(message)
+
+
+class ChildSink:
+    """One request's responses in the child: at most `window` unacknowledged by the parent."""
+
+    def __init__(self, streams: ChildStreams, stream_id: int, window: int) -> None:
+        self.window = window
+        self._streams, self._id = streams, stream_id
+        self._credit = window
+        self._room = threading.Condition()
+        self._cancelled = False
+        self._ended = False
+
+    def send(self, response: ModelResponse) -> bool:
+        with self._room:
+            while self._credit <= 0 and not self._cancelled:
+                self._room.wait()
+            return self._put(response)
+
+    def forward(self, response: ModelResponse) -> None:
+        with self._room:
+            self._put(response)
+
+    def _put(self, response: ModelResponse) -> bool:
+        if self._cancelled or self._ended:
+            return False
+        self._credit -= 1
+        self._ended = response.final
+        if self._ended:
+            self._streams.sinks.pop(self._id, None)
+        with self._streams.send_lock:
+            send_response(self._streams.conn, self._id, response)
+        return True
+
+    def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None:
+        """Not used in the child: the parent relays."""
+
+    def is_cancelled(self) -> bool:
+        return self._cancelled
+
+    def credit(self, count: int) -> None:
+        with self._room:
+            self._credit += count
+            self._room.notify_all()
+
+    def cancel(self) -> None:
+        with self._room:
+            self._cancelled = True
+            self._room.notify_all()
+        self._streams.sinks.pop(self._id, None)

@@ -1,0 +1,204 @@
+"""ModelStreamInfer: the requests of one bidirectional stream, each answered on its own.
+
+Requests of one stream run concurrently (so they batch). A model that is not decoupled answers
+each request once, in request order among such requests, as Triton answers them. A decoupled
+model's responses go out as the model sends them, interleaved with other requests' (as
+Triton); each carries `triton_final_response`, true on its request's last, and a request whose
+model ends with the final flag alone gets an empty final response only when it asked for one
+(`triton_enable_empty_final_response`, tritonclient's enable_empty_final_response). Errors
+name the request (id, model).
+
+Bounds: at most `slots` requests of a stream are running or unsent (a slot is taken before a
+request is read and given back with its last response), so a client that does not read stops
+having its requests read; a decoupled request has one response here waiting to be sent and at
+most its window waiting in its channel, beyond which its model's sender waits. The stream's
+deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED; when the call ends early
+(cancelled, connection lost, deadline) every request still running is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from serval.dataplane import DataPlane
+from serval.errors import ServalError
+from serval.protocol.grpc import grpc_service_pb2 as pb
+from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
+from serval.protocol.grpc.status import GrpcStatus
+from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
+from serval.server.streams import StreamedResponse, infer_stream, is_decoupled
+
+Answer = pb.ModelStreamInferResponse
+FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the request's last
+EMPTY_FINAL = "triton_enable_empty_final_response"  # a request's: answer a bare final flag
+# (message or None: nothing to send, last of its request, set once it is handed on)
+Outgoing = tuple[Answer | None, bool, asyncio.Future[None] | None]
+
+
+Stream = Callable[[Any], AsyncGenerator[StreamedResponse, None]]
+
+
+class StreamCall:
+    """One ModelStreamInfer call: read requests, run each, hand on their answers.
+
+    `ordered(request)` is a request's one answer (a model that is not decoupled, or an error),
+    `decoupled(request)` says which a request is, `stream(request)` runs a decoupled one."""
+
+    def __init__(self, ordered: Callable[[Any], Awaitable[Answer]],
+                 decoupled: Callable[[Any], Awaitable[bool]], stream: Stream,
+                 context: Any, slots: int) -> None:
+        self._ordered, self._decoupled, self._run_stream = ordered, decoupled, stream
+        self._context = context
+        self._slots = asyncio.Semaphore(slots)
+        self._outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._previous: asyncio.Future[None] | None = None  # the last ordered answer is out
+        self._started = 0
+
+    async def answers(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Answer, None]:
+        reader = asyncio.create_task(self._read(requests))
+        reading, finished = True, 0
+        try:
+            while reading or finished < self._started:
+                item = await self._next()
+                if item is None:
+                    reading = False
+                    continue
+                message, last, handed_on = item
+                if message is not None:
+                    yield message
+                if handed_on is not None and not handed_on.done():
+                    handed_on.set_result(None)
+                if last:
+                    finished += 1
+                    self._slots.release()
+        finally:
+            reader.cancel()
+            for task in list(self._tasks):  # the call ended early: stop what still runs
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _next(self) -> Outgoing | None:
+        time_remaining = getattr(self._context, "time_remaining", None)
+        remaining_s = time_remaining() if time_remaining is not None else None
+        if remaining_s is None:
+            return await self._outbox.get()
+        try:
+            return await asyncio.wait_for(self._outbox.get(), remaining_s)
+        except TimeoutError:
+            await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED,
+                                      "the stream's deadline passed; its requests are cancelled")
+            raise
+
+    async def _read(self, requests: AsyncIterator[Any]) -> None:
+        """Start each request as it is read (a slot first: see the module's bounds)."""
+        try:
+            while True:
+                await self._slots.acquire()  # given back with the request's last answer
+                request = await anext(requests, None)
+                if request is None:
+                    break
+                self._started += 1
+                previous = self._previous
+                self._previous = mine = asyncio.get_running_loop().create_future()
+                task = asyncio.create_task(self._answer(request, previous, mine))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            self._outbox.put_nowait(None)
+
+    async def _answer(self, request: Any, previous: asyncio.Future[None] | None,
+                      mine: asyncio.Future[None]) -> None:
+        try:
+            if await self._decoupled(request):
+                _after(previous, mine)  # ordered answers behind it need not wait for it
+                await self._stream(request)
+                return
+            answer = await self._ordered(request)
+            if previous is not None:
+                await previous
+            self._outbox.put_nowait((answer, True, None))
+        except Exception as exc:  # a bug: answer INTERNAL, keep the stream going
+            error = stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
+            self._outbox.put_nowait((_final(error), True, None))
+        finally:
+            _after(previous, mine)
+
+    async def _stream(self, request: Any) -> None:
+        """A decoupled request's responses, each handed on before the next is taken."""
+        final = False
+        try:
+            async with contextlib.aclosing(self._run_stream(request)) as stream:
+                async for item in stream:
+                    final = item.final
+                    await self._hand_on(_stream_answer(request, item), final)
+        except ServalError as exc:
+            error = stream_error(request, grpc_error(exc, "ModelStreamInfer")[1])
+            await self._hand_on(_final(error), True)
+        except Exception as exc:
+            error = stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
+            await self._hand_on(_final(error), True)
+        else:
+            if not final:  # cannot happen: a stream ends with its final response
+                await self._hand_on(None, True)
+
+    async def _hand_on(self, message: Answer | None, last: bool) -> None:
+        handed_on = asyncio.get_running_loop().create_future()
+        self._outbox.put_nowait((message, last, handed_on))
+        await handed_on
+
+
+def decoupled_stream(dataplane: DataPlane, request: Any
+                     ) -> AsyncGenerator[StreamedResponse, None]:
+    """A decoupled request's responses through the data plane (StreamCall's `stream`)."""
+    return infer_stream(dataplane, request.model_name, request.model_version or None,
+                        decode_infer_request(request), time.perf_counter_ns())
+
+
+async def model_is_decoupled(dataplane: DataPlane, request: Any) -> bool:
+    return await is_decoupled(dataplane, request.model_name, request.model_version or None)
+
+
+def _after(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+    """`mine` is done once `previous` is (at once without one)."""
+    def done(_: object = None) -> None:
+        if not mine.done():
+            mine.set_result(None)
+
+    if previous is None or previous.done():
+        done()
+    else:
+        previous.add_done_callback(done)
+
+
+def _stream_answer(request: Any, item: StreamedResponse) -> Answer | None:
+    """A decoupled response as Triton streams it; None for a bare final flag the client did
+    not ask to see."""
+    if item.error is not None:
+        answer = stream_error(request, grpc_error(item.error, "ModelStreamInfer")[1])
+    elif item.bare and not _wants_empty_final(request):
+        return None
+    else:
+        answer = Answer(infer_response=encode_infer_response(item.response))
+    answer.infer_response.parameters[FINAL_RESPONSE].bool_param = item.final
+    return answer
+
+
+def _wants_empty_final(request: Any) -> bool:
+    parameter = request.parameters.get(EMPTY_FINAL)
+    return parameter is not None and parameter.bool_param
+
+
+def _final(answer: Answer) -> Answer:
+    answer.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+    return answer
+
+
+def stream_error(request: Any, message: str) -> Answer:
+    return Answer(error_message=message, infer_response=pb.ModelInferResponse(
+        id=request.id, model_name=request.model_name, model_version=request.model_version))
