@@ -98,7 +98,10 @@ def _fail_without_answers(results: dict[str, Any]) -> None:
         for kind, count in step["errors"].items():
             errors[kind] = errors.get(kind, 0) + count
     seen = ", ".join(f"{kind} x{count}" for kind, count in sorted(errors.items())) or "none"
-    fail(f"no request succeeded (errors: {seen})")
+    first = results.get("first_request") or {}
+    said = f"; the first answer was {first['status']}: {first['reason']}" if first.get(
+        "reason") else ""
+    fail(f"no request succeeded (errors: {seen}){said}")
 
 
 def _run(spec: LoadtestSpec, console: Console, ceiling: bool) -> dict[str, Any]:

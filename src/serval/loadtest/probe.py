@@ -1,6 +1,7 @@
 """One call before a load test: the model's inputs over gRPC (when only a gRPC address is
-given), and a first request sent alone, so a test whose requests the server refuses fails at
-once with the server's reason instead of measuring errors. Works against any v2 server."""
+given), and a first request sent alone (counted in the results as `first_request`), so a test
+whose requests the server refuses fails at once with the server's reason instead of measuring
+errors. Works against any v2 server."""
 
 from __future__ import annotations
 
@@ -19,17 +20,25 @@ SERVICE = "/inference.GRPCInferenceService/"
 _GRPC_NAMES = {3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED", 8:
                "RESOURCE_EXHAUSTED", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
                16: "UNAUTHENTICATED"}
-_GRPC_RETRYABLE = (8,)  # RESOURCE_EXHAUSTED: overload, which a load test may well meet
+# the request's own fault: every request of the test would be refused the same way
+_GRPC_CLIENT_FAULTS = (3, 5, 7, 12, 16)
 _MAX_REASON_CHARS = 300
+
+
+class NoAnswer(WorkloadError):
+    """No answer within the timeout (a slow server, not a refusal)."""
 
 
 @dataclass(frozen=True)
 class Answer:
     ok: bool
-    retryable: bool  # overload (429 / RESOURCE_EXHAUSTED): not the request's fault
+    client_fault: bool  # a 4xx but 408 / 429, or its gRPC kin: the request itself is refused
     status: str  # "HTTP 400", "INVALID_ARGUMENT"
     reason: str  # the server's error text, shortened
     payload: bytes = b""
+
+    def as_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "status": self.status, "reason": self.reason}
 
 
 def grpc_model_inputs(host: str, port: int, model: str, timeout_s: float) -> list[TensorSpec]:
@@ -55,16 +64,21 @@ def grpc_model_inputs(host: str, port: int, model: str, timeout_s: float) -> lis
 
 
 def check_first_request(protocol: str, host: str, port: int, request: bytes,
-                        timeout_s: float) -> None:
-    """Send one prepared request alone; WorkloadError with the server's reason if it is
-    refused for anything but overload."""
-    if protocol == "grpc":
-        answer = grpc_call(host, port, "ModelInfer", request, timeout_s)
-    else:
-        answer = http_call(host, port, request, timeout_s)
-    if not answer.ok and not answer.retryable:
+                        timeout_s: float) -> Answer:
+    """Send one prepared request alone, before any step; WorkloadError with the server's
+    reason when the request itself is refused (a bad input, an unknown model, a missing
+    token: every request would be). Overload and server failures are measured instead."""
+    try:
+        if protocol == "grpc":
+            answer = grpc_call(host, port, "ModelInfer", request, timeout_s)
+        else:
+            answer = http_call(host, port, request, timeout_s)
+    except NoAnswer as exc:
+        return Answer(False, False, "timeout", str(exc))
+    if answer.client_fault:
         raise WorkloadError(f"the server refused the test's first request ({answer.status}): "
                             f"{answer.reason}; nothing was measured")
+    return answer
 
 
 def http_call(host: str, port: int, request: bytes, timeout_s: float) -> Answer:
@@ -89,11 +103,15 @@ def http_call(host: str, port: int, request: bytes, timeout_s: float) -> Answer:
                 if not data:
                     raise WorkloadError(f"{where}: the connection closed before an answer")
                 parser.feed_data(data)
+    except TimeoutError:
+        raise NoAnswer(f"{where}: no answer within {timeout_s:g} s") from None
     except (OSError, httptools.HttpParserError) as exc:
         raise WorkloadError(f"{where}: {exc or type(exc).__name__}") from None
     status = parser.get_status_code()
     body = b"".join(parts)
-    return Answer(200 <= status < 300, status == 429, f"HTTP {status}", _reason(body), body)
+    ok = 200 <= status < 300
+    return Answer(ok, 400 <= status < 500 and status not in (408, 429), f"HTTP {status}",
+                  "" if ok else _reason(body), body)
 
 
 def grpc_call(host: str, port: int, method: str, request: bytes, timeout_s: float) -> Answer:
@@ -102,7 +120,7 @@ def grpc_call(host: str, port: int, method: str, request: bytes, timeout_s: floa
     try:
         return asyncio.run(asyncio.wait_for(_unary(host, port, method, request), timeout_s))
     except TimeoutError:
-        raise WorkloadError(f"{where}: no answer to {method} within {timeout_s:g} s") from None
+        raise NoAnswer(f"{where}: no answer to {method} within {timeout_s:g} s") from None
     except OSError as exc:
         raise WorkloadError(f"{where}: {exc} (is this a v2 gRPC port?)") from None
 
@@ -115,9 +133,9 @@ async def _unary(host: str, port: int, method: str, request: bytes) -> Answer:
     def on_end(stream_id: int, status: int, message: str) -> None:
         if not done.done():
             name = "OK" if status == 0 else _GRPC_NAMES.get(status, f"status {status}")
-            done.set_result(Answer(status == 0 and bool(messages), status in _GRPC_RETRYABLE,
-                                   name, _reason(message.encode()),
-                                   messages[0] if messages else b""))
+            done.set_result(Answer(status == 0 and bool(messages),
+                                   status in _GRPC_CLIENT_FAULTS, name,
+                                   _reason(message.encode()), messages[0] if messages else b""))
 
     def on_lost(connection: GrpcClientConnection) -> None:
         if not done.done():

@@ -136,7 +136,7 @@ def run_loadtest(spec: LoadtestSpec, ceiling_rps: float | None = None,
     requests = prepare_requests(spec)
     from serval.loadtest.probe import check_first_request
 
-    check_first_request(spec.protocol, *spec.host_port(), requests[0], spec.timeout_s)
+    first = check_first_request(spec.protocol, *spec.host_port(), requests[0], spec.timeout_s)
     steps = []
     for mode, level in spec.levels():
         if before_step is not None:
@@ -150,7 +150,8 @@ def run_loadtest(spec: LoadtestSpec, ceiling_rps: float | None = None,
     return {"format": RESULTS_FORMAT, **info,
             "label": spec.label or spec.hardware or f"{spec.model} ({spec.protocol})",
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "generator_ceiling_rps": ceiling_rps, "steps": steps}
+            "generator_ceiling_rps": ceiling_rps, "first_request": first.as_dict(),
+            "steps": steps}
 
 
 def load_results(path: Path) -> dict[str, Any]:
