@@ -36,9 +36,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # Tools measure and tune a server from outside, over the network, never by importing it.
 TOOLS = ("loadtest", "optimize", "planner")
 SERVING = ("observability", "backends", "batching", "repository", "dataplane", "server", "cluster")
-# Below the server, engines are reached through their interface only; the server builder picks
-# the concrete ones.
-ENGINE_INTERFACE = ("serval.backends", "serval.backends.base")
+# Below the server, engines are reached through their interface only (the types, and the check
+# of a request against a model's metadata that every engine may assume); the server builder
+# picks the concrete ones.
+ENGINE_INTERFACE = ("serval.backends", "serval.backends.base", "serval.backends.validation")
 
 # Known breaks, each named and explained; the change that fixes one removes it here (an entry
 # that no longer matches a broken rule fails the test).

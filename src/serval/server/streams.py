@@ -15,8 +15,9 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
+from serval.backends.validation import validate_request
 from serval.batching.responses import DEFAULT_WINDOW, stream_responses
-from serval.dataplane import DataPlane, validate_request
+from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ModelNotReady, ServalError
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
 from serval.repository.registry import not_ready_message

@@ -1,0 +1,68 @@
+"""A request checked against the model's metadata before it reaches the runner: input names,
+datatypes, shapes and batch size, requested outputs. What every engine may then assume; each
+refusal is an InvalidInput naming what was wrong and what the model expects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serval.backends.base import ModelMetadata
+from serval.errors import InvalidInput
+from serval.protocol.dtypes import v2_datatype
+from serval.protocol.types import InferRequest, TensorSpec
+
+
+def validate_request(request: InferRequest, metadata: ModelMetadata, model: str) -> None:
+    """InvalidInput naming what was wrong and what the model expects."""
+    expected = {spec.name: spec for spec in metadata.inputs}
+    for name in request.inputs:
+        if name not in expected:
+            raise InvalidInput(
+                f"model '{model}' has no input '{name}'; expected inputs: {_describe(expected)}"
+            )
+    batch_sizes = set()
+    for spec in metadata.inputs:
+        array = request.inputs.get(spec.name)
+        if array is None:
+            raise InvalidInput(
+                f"model '{model}' needs input '{spec.name}' ({spec.datatype} {list(spec.shape)})"
+            )
+        _check_tensor(array, spec, metadata.max_batch_size)
+        if metadata.max_batch_size > 0:
+            batch_sizes.add(array.shape[0])
+    if len(batch_sizes) > 1:
+        raise InvalidInput(f"inputs disagree on the batch size: {sorted(batch_sizes)}")
+    _check_requested_outputs(request, metadata, model)
+
+
+def _check_tensor(array: Any, spec: TensorSpec, max_batch_size: int) -> None:
+    datatype = v2_datatype(array.dtype)
+    if datatype != spec.datatype:
+        raise InvalidInput(
+            f"input '{spec.name}': datatype {datatype} given, model expects {spec.datatype}"
+        )
+    shape, want = tuple(array.shape), spec.shape
+    fits = len(shape) == len(want) and all(w in (-1, s) for s, w in zip(shape, want, strict=True))
+    if not fits:
+        raise InvalidInput(
+            f"input '{spec.name}': shape {list(shape)} given, model expects {list(want)} "
+            "(-1 is any size)"
+        )
+    if max_batch_size > 0 and not 1 <= shape[0] <= max_batch_size:
+        raise InvalidInput(
+            f"input '{spec.name}': batch size {shape[0]} given, model accepts 1 to {max_batch_size}"
+        )
+
+
+def _check_requested_outputs(request: InferRequest, metadata: ModelMetadata, model: str) -> None:
+    if not request.outputs:
+        return
+    known = {spec.name for spec in metadata.outputs}
+    for output in request.outputs:
+        if output.name not in known:
+            outputs = ", ".join(sorted(known))
+            raise InvalidInput(f"model '{model}' has no output '{output.name}'; outputs: {outputs}")
+
+
+def _describe(specs: dict[str, TensorSpec]) -> str:
+    return ", ".join(f"{s.name} ({s.datatype} {list(s.shape)})" for s in specs.values())

@@ -1,0 +1,44 @@
+"""A request checked against a model's metadata: each refusal names what was wrong and what the
+model expects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serval.backends.base import ModelMetadata
+from serval.backends.validation import validate_request
+from serval.errors import InvalidInput
+from serval.protocol.types import InferRequest, RequestedOutput, TensorSpec
+
+pytestmark = pytest.mark.unit
+
+METADATA = ModelMetadata(platform="test", inputs=(TensorSpec("x", "FP32", (-1, 4)),),
+                         outputs=(TensorSpec("y", "FP32", (-1, 2)),), max_batch_size=8)
+
+
+def _request(**inputs: np.ndarray) -> InferRequest:
+    return InferRequest(inputs)
+
+
+def test_a_request_that_fits_passes() -> None:
+    validate_request(_request(x=np.zeros((3, 4), np.float32)), METADATA, "m")
+
+
+@pytest.mark.parametrize(("request_", "said"), [
+    (_request(z=np.zeros((1, 4), np.float32)), "model 'm' has no input 'z'; expected inputs: "
+                                               "x (FP32 [-1, 4])"),
+    (_request(), "model 'm' needs input 'x' (FP32 [-1, 4])"),
+    (_request(x=np.zeros((1, 4), np.float64)), "input 'x': datatype FP64 given, model expects "
+                                               "FP32"),
+    (_request(x=np.zeros((1, 5), np.float32)), "input 'x': shape [1, 5] given, model expects "
+                                               "[-1, 4]"),
+    (_request(x=np.zeros((9, 4), np.float32)), "input 'x': batch size 9 given, model accepts 1 "
+                                               "to 8"),
+    (InferRequest({"x": np.zeros((1, 4), np.float32)}, outputs=[RequestedOutput("w")]),
+     "model 'm' has no output 'w'; outputs: y"),
+])
+def test_each_refusal_says_what_was_wrong(request_: InferRequest, said: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        validate_request(request_, METADATA, "m")
+    assert said in str(refused.value)
