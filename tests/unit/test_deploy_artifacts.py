@@ -3,6 +3,8 @@ metrics scraping, a RayService that runs serval.cluster.ray with valid arguments
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -84,3 +86,28 @@ def test_serve_config_file_runs_the_serval_application_with_valid_args() -> None
     serve_config = yaml.safe_load((DEPLOY / "ray" / "serve.yaml").read_text())
     for app in serve_config["applications"]:
         _check_serve_application(app)
+
+
+_SELECTOR = re.compile(r"\b((?:serval|process)_[a-z_]+)(\{[^}]*\})?")
+# metrics of the whole server (the registry's memory and loads), without a model label
+_SERVER_WIDE = ("serval_resident_bytes", "serval_memory_budget_bytes", "serval_model_loads",
+                "serval_model_evictions", "serval_model_cache_", "serval_model_load_duration",
+                "process_")
+
+
+def test_the_dashboards_variables_filter_every_panel() -> None:
+    """`job` on every series of every panel; `model` on every series that has that label."""
+    dashboard = json.loads((DEPLOY / "grafana" / "serval-dashboard.json").read_text())
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["job", "model"]
+    selectors = [(panel["title"], match.group(1), match.group(2) or "")
+                 for panel in dashboard["panels"] for target in panel.get("targets", [])
+                 for match in _SELECTOR.finditer(target["expr"])]
+    assert len(selectors) > 20
+    assert [s for s in selectors if 'job=~"$job"' not in s[2]] == []
+    per_model = [s for s in selectors if not s[1].startswith(_SERVER_WIDE)]
+    assert per_model and [s for s in per_model if 'model=~"$model"' not in s[2]] == []
+
+
+def test_docker_builds_send_no_environment_or_built_models() -> None:
+    ignored = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "examples/models", "build"} <= set(ignored)
