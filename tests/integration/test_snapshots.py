@@ -79,6 +79,55 @@ def test_a_corrupted_version_is_refused_never_served(
     assert verify.returncode == 1 and "version 2: corrupted" in verify.stdout
 
 
+def _serving_marks(repository: Path) -> dict[str, str]:
+    """version -> its serving mark in `repo history` ("*", "* pinned" or "")."""
+    table = _serval("repo", "history", "clf", "--repository", str(repository),
+                    "--format", "md").stdout.splitlines()[2:]
+    return {row.split("|")[1].strip(): row.split("|")[2].strip() for row in table}
+
+
+def test_a_pin_shows_warns_on_publish_and_is_released(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1, 2])
+    server = server_factory(repository, "--poll-interval-s", "0.1")
+    assert _serval("repo", "rollback", "clf", "--repository", str(repository)).returncode == 0
+    _wait_for_version(server, "1")
+    assert _serving_marks(repository) == {"1": "* pinned", "2": ""}
+    built = fixture_models.linear(tmp_path / "build3", seed=3)
+    published = _serval("repo", "publish", str(built), "--repository", str(repository),
+                        "--model", "clf")
+    assert published.returncode == 0 and "published clf version 3" in published.stdout
+    assert published.stderr.strip() == (
+        "warning: clf is pinned to version 1 (repo rollback), so version 3 does not serve; "
+        "`serval repo unpin clf` serves the latest")
+    assert _version(server) == "1"
+    released = _serval("repo", "unpin", "clf", "--repository", str(repository))
+    assert released.returncode == 0
+    assert released.stdout.strip() == ("clf: pin on version 1 released; version 3 (the "
+                                       "latest) serves")
+    _wait_for_version(server, "3")
+    assert _serving_marks(repository) == {"1": "", "2": "", "3": "*"}
+    again = _serval("repo", "unpin", "clf", "--repository", str(repository))
+    assert again.stdout.strip() == "clf was not pinned; version 3 (the latest) serves"
+
+
+def test_verify_says_which_versions_it_could_not_check(tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1])
+    copied = fixture_models.linear(tmp_path / "by-hand", seed=2)  # a version put in by hand
+    (repository / "clf" / "2").mkdir()
+    for file in copied.parent.iterdir() if copied.is_file() else copied.iterdir():
+        if file.is_file():
+            (repository / "clf" / "2" / file.name).write_bytes(file.read_bytes())
+    verify = _serval("repo", "verify", "clf", "--repository", str(repository))
+    assert verify.returncode == 0
+    assert verify.stdout.splitlines() == [
+        "clf version 1: ok",
+        "clf version 2: not checked: no manifest (not published with `serval repo publish`)"]
+
+
 def test_repo_cli_failures_are_one_line(tmp_path: Path) -> None:
     result = _serval("repo", "rollback", "nope", "--repository", str(tmp_path))
     assert result.returncode == 2 and "no such model" in result.stderr

@@ -37,21 +37,28 @@ def publish_command(
 ) -> None:
     """Write SOURCE as the model's next version: atomically, with a checksum manifest."""
     report_doc = _read_report(report) if report else None
+    pinned = _run(lambda: store.pinned_version(repository, model))
     version = _run(lambda: store.publish(source, repository, model, note=note, report=report_doc))
     typer.echo(f"published {model} version {version}")
+    if pinned is not None:
+        typer.echo(f"warning: {model} is pinned to version {pinned} (repo rollback), so version "
+                   f"{version} does not serve; `serval repo unpin {model}` serves the latest",
+                   err=True)
     _reload(server, model)
 
 
 @app.command("history", cls=ServalCommand)
 def history_command(model: str = typer.Argument(...), repository: Path = REPOSITORY,
                     output: OutputFormat = FORMAT) -> None:
-    """Every version of MODEL, oldest first; the serving one is marked."""
+    """Every version of MODEL, oldest first; the serving one is marked (pinned: by a
+    rollback, until `repo unpin`)."""
     records = _run(lambda: store.history(repository, model))
     rows = Rows([Column("version", "version"), Column("serving", "serving"),
                  Column("created", "created"), Column("source", "source"),
                  Column("files", "files", True)])
     for record in records:
-        rows.add(cell(record.version), Cell(record.serving, "*" if record.serving else ""),
+        mark = ("* pinned" if record.pinned else "*") if record.serving else ""
+        rows.add(cell(record.version), Cell(record.serving, mark),
                  cell(record.created_at), cell(record.source), cell(len(record.files)))
     emit(rows, output, Console())
 
@@ -69,6 +76,20 @@ def rollback_command(
     _reload(server, model)
 
 
+@app.command("unpin", cls=ServalCommand)
+def unpin_command(model: str = typer.Argument(...), repository: Path = REPOSITORY,
+                  server: str = SERVER) -> None:
+    """Release a rollback's pin: MODEL's latest version serves again."""
+    pinned = _run(lambda: store.unpin(repository, model))
+    latest = _run(lambda: store.latest_version(repository, model))
+    if pinned is None:
+        typer.echo(f"{model} was not pinned; version {latest} (the latest) serves")
+    else:
+        typer.echo(f"{model}: pin on version {pinned} released; version {latest} (the latest) "
+                   "serves")
+    _reload(server, model)
+
+
 @app.command("verify", cls=ServalCommand)
 def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
     """Check every version's files against its manifest; exits 1 if any is corrupted."""
@@ -80,7 +101,9 @@ def verify_command(model: str = typer.Argument(None), repository: Path = REPOSIT
     for name in models:
         for record in _run(functools.partial(store.history, repository, name)):
             problems = store.verify_version(repository / name / record.version)
-            status = "corrupted: " + ", ".join(problems) if problems else "ok"
+            status = ("corrupted: " + ", ".join(problems) if problems else "ok"
+                      if record.manifest else "not checked: no manifest (not published with "
+                      "`serval repo publish`)")
             bad += bool(problems)
             typer.echo(f"{name} version {record.version}: {status}")
     if bad:

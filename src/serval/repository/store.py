@@ -35,6 +35,8 @@ class VersionRecord:
     source: str
     files: dict[str, str]  # relative path -> sha256
     serving: bool
+    pinned: bool = False  # serving because serving.json pins it (a rollback), not as latest
+    manifest: bool = True  # published with a manifest (verify has something to check)
 
 
 def check_model_name(model: str) -> str:
@@ -75,10 +77,12 @@ def history(repository: Path, model: str) -> list[VersionRecord]:
     serving = serving_version(model_dir)
     records = []
     for version in _versions(model_dir):
-        manifest = read_manifest(model_dir / version) or {}
+        found = read_manifest(model_dir / version)
+        manifest = found or {}
         records.append(VersionRecord(
             version, str(manifest.get("created_at", "")), str(manifest.get("source", "")),
-            dict(manifest.get("files", {})), version == serving,
+            dict(manifest.get("files", {})), version == serving, version == serving,
+            found is not None,
         ))
     if serving is None and records:
         records[-1] = _mark_serving(records[-1])
@@ -102,6 +106,27 @@ def rollback(repository: Path, model: str, to: str | None = None) -> str:
         raise ConfigError(f"model '{model}' version {to} is corrupted: {problems[0]}")
     _write_json(model_dir / SERVING_FILE, {"version": to})
     return to
+
+
+def unpin(repository: Path, model: str) -> str | None:
+    """Release a rollback's pin: the latest version serves again; the version that was
+    pinned (None when none was)."""
+    model_dir = _model_dir(repository, model)
+    pinned = serving_version(model_dir)
+    if pinned is not None:
+        (model_dir / SERVING_FILE).unlink()
+    return pinned
+
+
+def latest_version(repository: Path, model: str) -> str | None:
+    versions = _versions(_model_dir(repository, model))
+    return versions[-1] if versions else None
+
+
+def pinned_version(repository: Path, model: str) -> str | None:
+    """The version a rollback pinned, if any (a model not published yet has none)."""
+    model_dir = repository / model
+    return serving_version(model_dir) if model_dir.is_dir() else None
 
 
 def serving_version(model_dir: Path) -> str | None:
@@ -186,4 +211,5 @@ def _versions(model_dir: Path) -> list[str]:
 
 
 def _mark_serving(record: VersionRecord) -> VersionRecord:
-    return VersionRecord(record.version, record.created_at, record.source, record.files, True)
+    return VersionRecord(record.version, record.created_at, record.source, record.files, True,
+                         False, record.manifest)
