@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 MODELS := examples/models
 HOST   ?= 127.0.0.1
-PORT   ?= 8000
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
 
 .PHONY: setup models serve test unit bench bench-models bench-optimize lint proto clean
 
@@ -30,8 +31,12 @@ $(MODELS)/.built: bench/zoo.py bench/zoo_sequence.py bench/text_pipeline.py exam
 	touch $@
 
 serve: setup models
-	$(VENV)/bin/serval serve --repository $(MODELS) --host $(HOST) --http-port $(PORT) \
-		--allow-python-models
+	@echo "serving $(MODELS) on http://$(HOST):$(HTTP_PORT) (REST) and $(HOST):$(GRPC_PORT)" \
+		"(gRPC); Ctrl-C stops it. From a second terminal:"
+	@echo "  curl $(HOST):$(HTTP_PORT)/v2/models/mlp      # the README's tour goes on from here"
+	@echo "  . .venv/bin/activate                       # puts serval and tritonclient on the PATH"
+	$(VENV)/bin/serval serve --repository $(MODELS) --host $(HOST) --http-port $(HTTP_PORT) \
+		--grpc-port $(GRPC_PORT) --allow-python-models
 
 test: setup models
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
