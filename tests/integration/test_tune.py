@@ -53,6 +53,23 @@ def test_tune_dry_run_writes_nothing(tmp_path: Path) -> None:
         (tmp_path / "before.yaml").read_text()
 
 
+def test_a_budget_that_ends_the_sweep_is_said_and_writes_nothing(tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    before = (tmp_path / "linear" / "config.yaml").read_text()
+    run = subprocess.run(
+        [sys.executable, "-m", "serval", "tune", "--repository", str(tmp_path), "--model",
+         "linear", "--slo-p99-ms", "200", "--budget", "1s", "--threads", "1,2",
+         "--max-batch", "4,8,16", "--queue-delay-ms", "0,1,2", "--instances", "1,2",
+         "--workers", "1", "--concurrency", "2", "--trial-duration", "0.4",
+         "--trial-warmup", "0"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert re.search(r"warning: the 1 s budget ran out after \d+ trials, before .*instances.* "
+                     r"were tried; not written", run.stdout), run.stdout
+    assert "not written" in run.stdout and "written to" not in run.stdout
+    assert (tmp_path / "linear" / "config.yaml").read_text() == before
+
+
 def test_tune_refuses_a_missing_model(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "serval", "tune", "--repository", str(tmp_path),
                           "--model", "nope", "--slo-p99-ms", "10"], capture_output=True,

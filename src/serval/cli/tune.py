@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -13,6 +13,9 @@ from rich.markup import escape
 from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
 from serval.cli.loadtest import parse_numbers
+
+if TYPE_CHECKING:
+    from serval.planner.tuner import Search, SearchSpace
 
 
 def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
@@ -87,17 +90,41 @@ def tune_command(
     console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget_s:g} s")
     default, best = tune(space, search)
     console.print(verdict(default, best))
+    partial = _say_if_cut_short(console, space, search, budget_s)
+    unwritten = ("dry run" if dry_run else "no configuration met the SLO"
+                 if best.rps_at_slo <= 0 else "the search was cut short" if partial else None)
     _finish(console, config_path, model_config(base, best.config), best.config.workers,
-            dry_run or best.rps_at_slo <= 0)
+            unwritten)
+
+
+def _say_if_cut_short(console: Console, space: SearchSpace, search: Search,
+                      budget_s: float) -> bool:
+    """Say when the budget ended the search early; True when it ended before every knob was
+    tried (then nothing is written: the result would claim more than was searched)."""
+    from serval.planner.tuner import untried
+
+    if search.cut_in is None:
+        return False
+    never = untried(space, search)
+    if not never:
+        console.print(f"[yellow]note[/]: the {budget_s:g} s budget ended the hill-climb after "
+                      f"{len(search.trials)} trials; every knob was swept")
+        return False
+    console.print(f"[yellow]warning[/]: the {budget_s:g} s budget ran out after "
+                  f"{len(search.trials)} trials, before {', '.join(never)} were tried; not "
+                  "written (give a longer --budget, or fix those knobs with their flags)")
+    return True
 
 
 def _finish(console: Console, path: Path, config: dict[str, Any], workers: int,
-            dry_run: bool) -> None:
+            unwritten: str | None) -> None:
+    """Print the best config; write it unless `unwritten` says why not."""
     text = yaml.safe_dump(config, sort_keys=False)
-    console.print(f"best config.yaml{' (dry run, not written)' if dry_run else ''}:\n{text}")
+    console.print(f"best config.yaml{f' ({unwritten}, not written)' if unwritten else ''}:"
+                  f"\n{text}")
     if workers > 1:
         console.print(f"serve it with --workers {workers}")
-    if not dry_run:
+    if unwritten is None:
         if path.exists():
             path.with_suffix(".yaml.bak").write_text(path.read_text())
         path.write_text(text)

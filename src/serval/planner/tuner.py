@@ -57,6 +57,7 @@ class Search:
     started: float = field(default_factory=time.monotonic)
     trials: dict[TrialConfig, TrialResult] = field(default_factory=dict)
     longest_s: float = 0.0
+    cut_in: str | None = None  # the phase the budget ended, if it ended one early
 
     def out_of_time(self) -> bool:
         return time.monotonic() - self.started + self.longest_s > self.budget_s
@@ -66,6 +67,7 @@ class Search:
         if config in self.trials:
             return self.trials[config]
         if self.trials and self.out_of_time():
+            self.cut_in = self.cut_in or phase
             return None
         began = time.monotonic()
         result = self.measure(config)
@@ -110,6 +112,15 @@ def _climb(space: SearchSpace, search: Search) -> None:
         if better is None or better.rps_at_slo <= current.rps_at_slo:
             return
         current = better
+
+
+def untried(space: SearchSpace, search: Search) -> list[str]:
+    """Knobs the search never moved from their default (the budget ended it first)."""
+    default = space.default()
+    moved = {knob for config in search.trials for knob in KNOBS
+             if getattr(config, knob) != getattr(default, knob)}
+    return [knob for knob, values in space.values.items()
+            if len(values) > 1 and knob not in moved]
 
 
 def verdict(default: TrialResult, best: TrialResult) -> str:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from serval.planner.trial import TrialConfig, TrialResult, model_config
-from serval.planner.tuner import Search, SearchSpace, tune, verdict
+from serval.planner.tuner import Search, SearchSpace, tune, untried, verdict
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +49,16 @@ def test_the_budget_stops_the_search() -> None:
     search = Search(slow, budget_s=0.22)
     tune(SPACE, search)
     assert 2 <= len(search.trials) <= 5
+    # the budget ended the coarse sweep: which knobs it never tried is known
+    assert search.cut_in == "coarse"
+    never = untried(SPACE, search)
+    assert never and "workers" in never and "intra_op_threads" not in never
+
+
+def test_a_search_that_ends_by_itself_was_not_cut_short() -> None:
+    search = Search(_objective, budget_s=60)
+    tune(SPACE, search)
+    assert search.cut_in is None and untried(SPACE, search) == []
 
 
 def test_verdict_says_when_the_default_is_good_enough() -> None:
