@@ -207,6 +207,20 @@ def test_report_and_plan_from_real_results(measured: RunningServer, tmp_path: Pa
         assert image.format == "PNG" and image.size[0] > 500
     page = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64," in page and page.count("<table>") == 2
+    # without --label a run is named by its model, protocol and hardware, never hardware alone
+    assert "<h2>linear (http) on c6a.large</h2>" in page
+    # without -o: report.html here, and never over an existing one
+    here = tmp_path / "here"
+    here.mkdir()
+    for attempt in range(2):
+        default = subprocess.run([sys.executable, "-m", "serval", "report", *map(str, runs)],
+                                 capture_output=True, text=True, timeout=120, cwd=here)
+        if attempt == 0:
+            assert default.returncode == 0 and (here / "report.html").is_file()
+    assert default.returncode != 0
+    assert default.stderr.strip() == ("serval: report.html or report.png exists here; name the "
+                                      "report with -o (an existing file given with -o is "
+                                      "replaced)")
     plan = _serval("plan", *map(str, runs), "--slo-p99-ms", "1000", "--target-rps", "5000",
                    "--chart", str(tmp_path / "plan.png"))
     assert plan.returncode == 0, plan.stderr

@@ -11,10 +11,16 @@ from serval.cli.command import fail
 
 def report_command(
     results: list[Path] = typer.Argument(..., help="Results files of `serval loadtest -o`."),
-    output: Path = typer.Option(Path("report.html"), "--output", "-o",
-                                help="report.html (a PNG is written beside it) or report.png."),
+    output: Path = typer.Option(None, "--output", "-o",
+                                help="report.html (a PNG is written beside it) or report.png "
+                                "[default: report.html, never over an existing one]."),
 ) -> None:
     """Overlay several load-test results: latency vs throughput, latency CDFs, tables."""
+    if output is None:
+        output = Path("report.html")
+        if output.exists() or output.with_suffix(".png").exists():
+            fail("report.html or report.png exists here; name the report with -o "
+                 "(an existing file given with -o is replaced)")
     from serval.loadtest.report import write_report
     from serval.loadtest.runner import load_results
 

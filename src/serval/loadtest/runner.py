@@ -148,10 +148,17 @@ def run_loadtest(spec: LoadtestSpec, ceiling_rps: float | None = None,
     info = {k: v for k, v in asdict(spec).items() if k not in ("concurrency", "rates_rps")}
     info["input_file"] = str(spec.input_file) if spec.input_file else None
     return {"format": RESULTS_FORMAT, **info,
-            "label": spec.label or spec.hardware or f"{spec.model} ({spec.protocol})",
+            "label": spec.label or default_label(spec),
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "generator_ceiling_rps": ceiling_rps, "first_request": first.as_dict(),
             "steps": steps}
+
+
+def default_label(spec: LoadtestSpec) -> str:
+    """A run's name in reports without --label: its model and protocol, and its hardware tag
+    when it has one (several models measured on one machine must not share a name)."""
+    base = f"{spec.model} ({spec.protocol})"
+    return f"{base} on {spec.hardware}" if spec.hardware else base
 
 
 def load_results(path: Path) -> dict[str, Any]:
