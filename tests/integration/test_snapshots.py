@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -111,6 +112,29 @@ def test_a_pin_shows_warns_on_publish_and_is_released(
     assert _serving_marks(repository) == {"1": "", "2": "", "3": "*"}
     again = _serval("repo", "unpin", "clf", "--repository", str(repository))
     assert again.stdout.strip() == "clf was not pinned; version 3 (the latest) serves"
+
+
+def test_a_snapshot_restores_what_served_in_one_command(
+    server_factory: Callable[..., RunningServer], tmp_path: Path
+) -> None:
+    repository = tmp_path / "repo"
+    _publish_linears(tmp_path, repository, [1, 2])
+    server = server_factory(repository, "--poll-interval-s", "0.1")
+    taken = _serval("repo", "snapshot", "--repository", str(repository), "--name", "good")
+    assert taken.returncode == 0 and taken.stdout.strip() == "snapshot 'good': 1 model(s) clf v2"
+    _publish_linears(tmp_path, repository, [3])
+    _wait_for_version(server, "3")
+    listed = _serval("repo", "snapshots", "--repository", str(repository), "--format", "json")
+    assert [row["snapshot"] for row in json.loads(listed.stdout)] == ["good"]
+    restored = _serval("repo", "restore", "good", "--repository", str(repository))
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout.strip() == "restored snapshot 'good': clf v2"
+    _wait_for_version(server, "2")
+    assert _serving_marks(repository)["2"] == "* pinned"
+    missing = _serval("repo", "restore", "nope", "--repository", str(repository))
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == ("serval: no snapshot 'nope' (`serval repo snapshots` "
+                                      "lists them)")
 
 
 def test_verify_says_which_versions_it_could_not_check(tmp_path: Path) -> None:

@@ -90,6 +90,45 @@ def unpin_command(model: str = typer.Argument(...), repository: Path = REPOSITOR
     _reload(server, model)
 
 
+@app.command("snapshot", cls=ServalCommand)
+def snapshot_command(repository: Path = REPOSITORY, name: str = typer.Option(
+        None, "--name", help="The snapshot's name (default: the time, e.g. 20261126-141500).")
+                     ) -> None:
+    """Record which version of every model serves now; `repo restore NAME` brings it back."""
+    from serval.repository import snapshots
+
+    taken = _run(lambda: snapshots.take(repository, name))
+    typer.echo(f"snapshot '{taken.name}': {len(taken.models)} model(s) "
+               + ", ".join(f"{model} v{version}" for model, version in taken.models.items()))
+
+
+@app.command("snapshots", cls=ServalCommand)
+def snapshots_command(repository: Path = REPOSITORY, output: OutputFormat = FORMAT) -> None:
+    """Every snapshot of the repository, oldest first."""
+    from serval.repository import snapshots
+
+    rows = Rows([Column("snapshot", "snapshot"), Column("created", "created"),
+                 Column("models", "models")])
+    for taken in _run(lambda: snapshots.listing(repository)):
+        rows.add(cell(taken.name), cell(taken.created_at),
+                 cell(", ".join(f"{m} v{v}" for m, v in taken.models.items())))
+    emit(rows, output, Console())
+
+
+@app.command("restore", cls=ServalCommand)
+def restore_command(name: str = typer.Argument(..., help="A snapshot's name."),
+                    repository: Path = REPOSITORY, server: str = SERVER) -> None:
+    """Serve every model's version recorded in snapshot NAME again (each pinned, as by
+    rollback; `repo unpin` releases one)."""
+    from serval.repository import snapshots
+
+    restored = _run(lambda: snapshots.restore(repository, name))
+    typer.echo(f"restored snapshot '{restored.name}': "
+               + ", ".join(f"{m} v{v}" for m, v in restored.models.items()))
+    for model in restored.models:
+        _reload(server, model)
+
+
 @app.command("verify", cls=ServalCommand)
 def verify_command(model: str = typer.Argument(None), repository: Path = REPOSITORY) -> None:
     """Check every version's files against its manifest; exits 1 if any is corrupted."""

@@ -62,7 +62,7 @@ def publish(source: Path, repository: Path, model: str, *, note: str = "",
         else:
             staging.mkdir()
             shutil.copy2(source, staging / source.name)
-        _write_json(staging / MANIFEST_FILE, {
+        write_json(staging / MANIFEST_FILE, {
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "source": note or str(source), "files": checksums(staging), "report": report,
         })
@@ -104,7 +104,7 @@ def rollback(repository: Path, model: str, to: str | None = None) -> str:
     problems = verify_version(model_dir / to)
     if problems:
         raise ConfigError(f"model '{model}' version {to} is corrupted: {problems[0]}")
-    _write_json(model_dir / SERVING_FILE, {"version": to})
+    write_json(model_dir / SERVING_FILE, {"version": to})
     return to
 
 
@@ -190,7 +190,8 @@ def _rename_as_next_version(staging: Path, model_dir: Path) -> str:
     raise ConfigError(f"{model_dir}: could not find a free version number")
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write a JSON document atomically (a reader sees the old one or the new one)."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     temporary.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     with temporary.open("rb") as handle:
