@@ -176,3 +176,28 @@ def test_with_tokens_the_page_asks_for_one_with_the_read_scope(
         expect(page.locator("#auth")).to_be_hidden()
     finally:
         page.close()
+
+
+def test_at_1280_px_nothing_overflows_and_the_cards_say_what_they_count(page: Any) -> None:
+    """A laptop screen with the detail view open: no table runs past its panel, the page has
+    no sideways scroll; the Models card counts models, its line versions by state; a model
+    never asked for says its charts have had no traffic."""
+    page.set_viewport_size({"width": 1280, "height": 900})
+    _row(page, "recommender").click()
+    page.wait_for_selector("#detail:not([hidden]) #d-versions tbody tr")
+    overflow = page.evaluate("""() => {
+        const wide = (el) => el.scrollWidth > el.clientWidth + 1;
+        return {page: document.documentElement.scrollWidth > window.innerWidth,
+                panels: [...document.querySelectorAll('.models, #detail, .table-scroll, .card')]
+                    .filter(wide).map((el) => `${el.id || el.className} ${el.scrollWidth}>` +
+                                              `${el.clientWidth}: ${el.innerText.slice(0, 80)}`)};
+    }""")
+    assert overflow == {"page": False, "panels": []}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "status-page-1280.png"))
+    models = int(page.locator("#s-models").text_content().replace(",", ""))
+    assert models == TENANTS + 3  # linear, add_sub, recommender and the tenants
+    assert re.fullmatch(r"\d+ versions?: .*\d+ ready.*", page.locator("#s-states").text_content())
+    _row(page, "add_sub").click()
+    expect(page.locator("#d-name")).to_have_text("add_sub")
+    expect(page.locator("#rps-chart")).to_contain_text("no traffic yet")

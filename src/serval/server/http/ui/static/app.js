@@ -46,6 +46,9 @@ function cell(row, text, cls) {
   return td;
 }
 
+// what an empty chart says: nothing ever, or nothing inside the charts' window
+const quiet = (total) => (total ? "no traffic in the last 2 minutes" : "no traffic yet");
+
 function renderSummary(s) {
   $("server-version").textContent = `v${s.server.version} · pid ${s.server.pid} · ${s.server.model_control}`;
   $("uptime").textContent = `up ${fmtDuration(s.server.uptime_s)}`;
@@ -64,17 +67,20 @@ function renderSummary(s) {
   const lookups = s.cache_hits + s.cache_misses;
   $("s-hits").textContent = lookups ? `${(100 * s.cache_hits / lookups).toFixed(1)}% hits` : "no requests yet";
   $("s-models").textContent = s.models.names.toLocaleString();
-  $("s-states").textContent = Object.entries(s.models.by_state).map(([k, v]) => `${v} ${k.toLowerCase()}`).join(" · ");
+  const states = Object.entries(s.models.by_state).map(([k, v]) => `${v} ${k.toLowerCase()}`).join(" · ");
+  $("s-states").textContent = `${s.models.versions.toLocaleString()} version${s.models.versions === 1 ? "" : "s"}` +
+    (states ? `: ${states}` : "");
   const now = Date.now() / 1000;
+  const empty = quiet(s.requests_total);
   ServalCharts.lineChart($("server-rps-chart"), [
     { label: "req/s", points: s.series.map((p) => ({ t: p.t, v: p.requests_per_s })) },
     { label: "errors/s", color: "#dc2626", points: s.series.map((p) => ({ t: p.t, v: p.errors_per_s })) },
-  ], { now });
+  ], { now, empty });
   ServalCharts.lineChart($("server-latency-chart"), [
     { label: "p50", points: s.series.map((p) => ({ t: p.t, v: p.p50_ms })) },
     { label: "p99", color: "#dc2626", points: s.series.map((p) => ({ t: p.t, v: p.p99_ms })) },
     { label: "queue", color: "#9ca3af", dashed: true, points: s.series.map((p) => ({ t: p.t, v: p.queue_ms })) },
-  ], { now });
+  ], { now, empty });
   renderEvents($("events"), s.events, true);
 }
 
@@ -134,7 +140,7 @@ function renderDetail(d) {
     cell(row, fmtBytes(v.resident_bytes), "num");
     cell(row, fmtNum(v.recent.requests_per_s), "num");
     cell(row, fmtMs(v.recent.p99_ms), "num");
-    cell(row, v.published_at || "–");
+    cell(row, v.published_at ? `${v.published_at.replace("T", " ").slice(0, 16)} UTC` : "–");
     cell(row, v.note || "");
     return row;
   }));
@@ -145,8 +151,9 @@ function renderDetail(d) {
     latency.push({ label: `v${s.version} p99`, points: s.points.map((p) => ({ t: p.t, v: p.p99_ms })) });
     rps.push({ label: `v${s.version}`, points: s.points.map((p) => ({ t: p.t, v: p.requests_per_s })) });
   }
-  ServalCharts.lineChart($("latency-chart"), latency, { now });
-  ServalCharts.lineChart($("rps-chart"), rps, { now });
+  const empty = quiet(d.requests_total);
+  ServalCharts.lineChart($("latency-chart"), latency, { now, empty });
+  ServalCharts.lineChart($("rps-chart"), rps, { now, empty });
   ServalCharts.barChart($("batch-chart"), d.batch_sizes.map((b) => ({ label: String(b.batch_size), value: b.executions })));
   renderEvents($("d-events"), d.events, false);
 }

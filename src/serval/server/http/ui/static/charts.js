@@ -73,7 +73,7 @@ function lineChart(svg, series, opts) {
   });
   svg.dataset.points = String(drawn);
   if (!drawn) {
-    svg.appendChild(svgEl("text", { x: f.width / 2, y: f.height / 2, "text-anchor": "middle" }, "no traffic yet"));
+    svg.appendChild(svgEl("text", { x: f.width / 2, y: f.height / 2, "text-anchor": "middle" }, (opts && opts.empty) || "no traffic yet"));
   }
 }
 
