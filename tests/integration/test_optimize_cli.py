@@ -112,4 +112,4 @@ def test_a_missing_library_names_the_extra_to_install(tmp_path: Path) -> None:
     result = _serval("optimize", str(pickled), "--out", str(tmp_path / "out"), env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == ("serval: this step needs skl2onnx, which is not installed: "
-                                     "pip install 'serval[optimize]'")
+                                     "pip install 'serval-server[optimize]'")

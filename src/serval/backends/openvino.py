@@ -117,7 +117,7 @@ def _import_openvino() -> Any:
     try:
         import openvino
     except ImportError:
-        raise ConfigError("backend 'openvino' needs openvino: pip install 'serval[openvino]'"
+        raise ConfigError("backend 'openvino' needs openvino: pip install 'serval-server[openvino]'"
                           ) from None
     return openvino
 

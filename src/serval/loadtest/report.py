@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-MISSING_EXTRA = "serval report needs matplotlib: pip install 'serval[report]'"
+MISSING_EXTRA = "serval report needs matplotlib: pip install 'serval-server[report]'"
 
 
 def _pyplot() -> Any:

@@ -21,5 +21,5 @@ def require(module: str, package: str | None = None, extra: str = EXTRA) -> Modu
     except ImportError:
         name = package or module.split(".")[0]
         raise MissingDependency(
-            f"this step needs {name}, which is not installed: pip install 'serval[{extra}]'"
+            f"this step needs {name}, which is not installed: pip install 'serval-server[{extra}]'"
         ) from None
