@@ -112,7 +112,8 @@ def _import_torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise ConfigError("backend 'pytorch' needs torch: pip install 'serval-server[torch]'") from None
+        raise ConfigError("backend 'pytorch' needs torch: "
+                          "pip install 'serval-server[torch]'") from None
     return torch
 
 

@@ -35,6 +35,7 @@ class ResponseChannel:
         self._ended = False  # the final response went in: nothing more goes
         self._on_taken: Callable[[], None] | None = None
         self._on_cancelled: Callable[[], None] | None = None
+        self._owed_takes = 0  # taken before a relay was in place: told to it when it comes
 
     def send(self, response: ModelResponse) -> bool:
         """Queue a response, waiting while `window` are untaken; False when dropped (the
@@ -66,7 +67,14 @@ class ResponseChannel:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, response)
 
     def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None:
-        self._on_taken, self._on_cancelled = taken, cancelled
+        """Tell `taken` of each response the client takes (those taken already included: a
+        worker's first responses may come before its relay is in place), `cancelled` of the
+        client going away."""
+        with self._room:
+            self._on_taken, self._on_cancelled = taken, cancelled
+            owed, self._owed_takes = self._owed_takes, 0
+        for _ in range(owed):
+            taken()
 
     def is_cancelled(self) -> bool:
         return self._cancelled
@@ -90,8 +98,11 @@ class ResponseChannel:
         with self._room:
             self._untaken -= 1
             self._room.notify()
-        if self._on_taken is not None:
-            self._on_taken()
+            on_taken = self._on_taken
+            if on_taken is None:
+                self._owed_takes += 1
+        if on_taken is not None:
+            on_taken()
         return response
 
 

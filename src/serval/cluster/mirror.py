@@ -30,7 +30,8 @@ class RepositoryMirror:
             import fsspec
         except ImportError:
             raise ConfigError(
-                f"repository {url!r} is a URL: install fsspec (pip install 'serval-server[cluster]')"
+                f"repository {url!r} is a URL: install fsspec "
+                "(pip install 'serval-server[cluster]')"
             ) from None
         try:
             self._fs, self._root = fsspec.core.url_to_fs(url)

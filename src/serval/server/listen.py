@@ -60,3 +60,24 @@ def tls_context(cert: Path | None, key: Path | None,
     if alpn:
         context.set_alpn_protocols(list(alpn))
     return context
+
+
+def linger(transport: asyncio.Transport, seconds: float) -> asyncio.TimerHandle | None:
+    """Close once the peer had time to read our last bytes: stop writing (FIN), keep reading
+    (the caller drops what comes) for `seconds`, then close, or abort if they are still unsent.
+    Closing with the peer's data unread would send it a reset that can destroy those bytes (a
+    GOAWAY saying why) before it reads them. None: the transport cannot half-close (TLS) and
+    is closed now."""
+    if not transport.can_write_eof():
+        transport.close()
+        return None
+    transport.write_eof()
+    transport.resume_reading()
+
+    def end() -> None:
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            transport.close()
+
+    return asyncio.get_running_loop().call_later(seconds, end)

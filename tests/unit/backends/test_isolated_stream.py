@@ -52,12 +52,16 @@ class Relayed:
             self.arrived.notify_all()
 
     def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None:
-        self._taken, self._cancelled = taken, cancelled
+        with self.arrived:  # the worker's first responses may come before this
+            self._taken, self._cancelled = taken, cancelled
+            self.arrived.notify_all()
 
     def is_cancelled(self) -> bool:
         return self.cancelled
 
     def take(self, count: int) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: self._taken is not None, WAIT_S)
         assert self._taken is not None
         for _ in range(count):
             self._taken()

@@ -66,6 +66,25 @@ def test_a_sender_waits_while_the_client_is_a_window_behind() -> None:
     asyncio.run(main())
 
 
+def test_takes_before_the_relay_is_in_place_are_told_to_it() -> None:
+    """A worker process's first responses can be taken before its relay is set: their takes
+    must reach the worker all the same, or its window would never open again."""
+    async def main() -> None:
+        channel = ResponseChannel(asyncio.get_running_loop(), window=4)
+        channel.forward(_out(0))
+        channel.forward(_out(1))
+        await channel.take()
+        await channel.take()
+        told: list[str] = []
+        channel.relay(lambda: told.append("taken"), lambda: told.append("cancelled"))
+        assert told == ["taken", "taken"]
+        channel.forward(_out(2, final=True))
+        await channel.take()
+        assert told == ["taken"] * 3
+
+    asyncio.run(main())
+
+
 def test_cancelling_wakes_a_waiting_sender_and_drops_what_follows() -> None:
     async def main() -> None:
         channel = ResponseChannel(asyncio.get_running_loop(), window=1)

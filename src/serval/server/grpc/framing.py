@@ -25,12 +25,14 @@ from serval.http2.blocks import HeaderBlocks
 from serval.http2.flow import InboundWindow, grow_send_window
 from serval.http2.hpack import HpackDecoder
 from serval.server.limits import TransportGuards
+from serval.server.listen import linger
 
 log = logging.getLogger(__name__)
 
 _MAX_RECEIVED_FRAME_BYTES = 1024 * 1024
 _READ_SLICE_BYTES = 64 * 1024  # then one loop turn for everyone else (libuv reads up to 8 MiB)
 _SMALL_WINDOW_UPDATE = 1024  # increments below this count as control frames
+_LINGER_S = 1.0  # after a GOAWAY for abuse: what the peer still sends is read and dropped
 
 Handler = Callable[["Http2Connection", int, int, bytes], None]
 
@@ -76,6 +78,8 @@ class Http2Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._window_ends = 0.0
         self._read_bytes = 0
+        self._linger_on_close = False  # closing for abuse: let the peer read the GOAWAY
+        self._linger: asyncio.TimerHandle | None = None
 
     # what the streams' side provides ---------------------------------------------------------
 
@@ -137,6 +141,8 @@ class Http2Connection(asyncio.Protocol):
         self._timer = loop.call_later(limits.h2_preface_timeout_s, self._on_timer)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger is not None:  # closing: dropped unread
+            return
         self._read_bytes += len(data)
         if self._read_bytes > _READ_SLICE_BYTES:
             self._yield_reading()
@@ -171,9 +177,10 @@ class Http2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.guards.gate.release(self)
         self._out.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._linger = None
         self.transport = None
 
     def pause_writing(self) -> None:
@@ -224,7 +231,8 @@ class Http2Connection(asyncio.Protocol):
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and (
+                self._linger is None):
             self.transport.write(b"".join(out))
         if self.closing and not self.has_streams():
             self._close()
@@ -387,13 +395,20 @@ class Http2Connection(asyncio.Protocol):
         else:
             log.info("closing an HTTP/2 connection: %s", exc)
         self.closing = True
+        self._linger_on_close = True
         self.write(h2.goaway(self.last_stream_id, exc.code, str(exc).encode()[:200]))
         self._flush()
         self._close()
 
     def _close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._linger is not None:
+            return
+        if self._linger_on_close:  # a peer still sending would get a reset, not the GOAWAY
+            self._linger = linger(transport, _LINGER_S)
+            if self._linger is not None:
+                return
+        transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
