@@ -216,10 +216,14 @@ class DataPlane:
         to requests that set neither. A request still queued then is dropped before compute
         (504).
         """
-        with self.in_flight(request, received_ns, deadline_ns) as deadline_ns:
+        deadline_ns = self._enter(request, received_ns, deadline_ns)
+        try:  # (no context manager here: this is every request's path)
             response = await self._infer_model(name, version, request, received_ns,
                                                deadline_ns)
-        write_outputs(self.shared_memory, request, response)  # outputs asked for in shm
+        finally:
+            self._inflight -= 1
+        if request.outputs:  # outputs asked for in shared memory are written there
+            write_outputs(self.shared_memory, request, response)
         return response
 
     @contextlib.contextmanager
@@ -227,15 +231,22 @@ class DataPlane:
                   deadline_ns: int | None) -> Iterator[int | None]:
         """Count a client's request in flight while it runs (429 past max_inflight; its sizes
         checked, its shared-memory inputs read); yields its deadline (see infer)."""
-        self._check_inflight()
-        resolve_inputs(self.shared_memory, request)  # inputs from shm regions, if any
-        self._check_sizes(request)
-        deadline_ns = self._deadline(request, received_ns, deadline_ns)
-        self._inflight += 1
+        deadline_ns = self._enter(request, received_ns, deadline_ns)
         try:
             yield deadline_ns
         finally:
             self._inflight -= 1
+
+    def _enter(self, request: InferRequest, received_ns: int,
+               deadline_ns: int | None) -> int | None:
+        """Admit a request in flight (the caller counts it out); its deadline."""
+        self._check_inflight()
+        if request.shared_memory_inputs or request.outputs:
+            resolve_inputs(self.shared_memory, request)  # inputs from shm regions, if any
+        self._check_sizes(request)
+        deadline_ns = self._deadline(request, received_ns, deadline_ns)
+        self._inflight += 1
+        return deadline_ns
 
     def _check_sizes(self, request: InferRequest) -> None:
         for name, array in request.inputs.items():

@@ -25,8 +25,8 @@ CUDA_UNSUPPORTED = ("CUDA shared memory is not supported on this server; use sys
 
 def shared_memory_ref(params: Mapping[str, Any], what: str) -> SharedMemoryRef | None:
     """The tensor's place in shared memory from its parameters; None when it has none."""
-    if not any(key in params for key in PARAMETERS):
-        return None
+    if REGION not in params and BYTE_SIZE not in params and OFFSET not in params:
+        return None  # (spelled out: this runs for every tensor of every request)
     region, size, offset = params.get(REGION), params.get(BYTE_SIZE), params.get(OFFSET, 0)
     if region is None or size is None:
         raise InvalidInput(f"{what}: shared memory needs both '{REGION}' and '{BYTE_SIZE}' "

@@ -10,5 +10,5 @@ pytestmark = pytest.mark.unit
 
 
 def test_a_missing_library_names_the_extra() -> None:
-    with pytest.raises(MissingDependency, match=r"pip install 'serval\[optimize\]'"):
+    with pytest.raises(MissingDependency, match=r"pip install 'serval-server\[optimize\]'"):
         require("serval_no_such_module_xyz")

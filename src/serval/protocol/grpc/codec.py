@@ -63,7 +63,8 @@ def _shared_memory_inputs(message: pb.ModelInferRequest) -> dict[str, SharedMemo
     """The inputs whose bytes are in shared memory (no contents, no raw entry of their own)."""
     found: dict[str, SharedMemoryInput] = {}
     for tensor in message.inputs:
-        if not any(key in tensor.parameters for key in PARAMETERS):
+        parameters = tensor.parameters
+        if not parameters or not any(key in parameters for key in PARAMETERS):
             continue
         what = f"input '{tensor.name}'"
         ref = shared_memory_ref({key: _parameter(value) for key, value
@@ -105,6 +106,8 @@ def _requested_output(output: Any) -> RequestedOutput:
     count = 0
     if "classification" in output.parameters:
         count = class_count(_parameter(output.parameters["classification"]), output.name)
+    if not output.parameters:
+        return RequestedOutput(output.name, class_count=count)
     params = {key: _parameter(value) for key, value in output.parameters.items()}
     return RequestedOutput(output.name, class_count=count, shared_memory=shared_memory_ref(
         params, f"output '{output.name}'"))
