@@ -38,13 +38,22 @@ class StreamedResponse:
         return self.error is None and not self.response.outputs
 
 
-async def is_decoupled(dataplane: DataPlane, name: str, version: str | None) -> bool:
-    """Whether the model (loaded on a miss) is decoupled; False when it cannot be reached
-    (a unary path then says why)."""
+def decoupled_now(dataplane: DataPlane, name: str, version: str | None) -> bool | None:
+    """Whether the model is decoupled, when that is known without a load (None: it is not
+    loaded); False when it cannot be reached (a unary path then says why)."""
     try:
         served = dataplane.registry.get(name, version)
-        if served.model is not None:  # loaded: no lease needed to read its metadata
-            return served.model.metadata.decoupled
+    except ServalError:
+        return False
+    return served.model.metadata.decoupled if served.model is not None else None
+
+
+async def is_decoupled(dataplane: DataPlane, name: str, version: str | None) -> bool:
+    """Whether the model (loaded on a miss) is decoupled; False when it cannot be reached."""
+    known = decoupled_now(dataplane, name, version)
+    if known is not None:
+        return known
+    try:
         async with dataplane.registry.acquire(name, version) as served:
             return served.model is not None and served.model.metadata.decoupled
     except ServalError:

@@ -24,31 +24,33 @@ from serval.protocol.types import (
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
-    """Inputs from raw_input_contents (one entry per input) or from typed contents."""
+    """Inputs from raw_input_contents (one entry per input not in shared memory) or from typed
+    contents; inputs in shared memory are resolved later (DataPlane)."""
     raw = message.raw_input_contents
-    if raw:  # Triton's rule and words: raw for every input, and then no typed contents
-        for tensor in message.inputs:
-            if tensor.HasField("contents"):
-                raise InvalidInput(f"contents field must not be specified when using "
-                                   f"raw_input_contents for '{tensor.name}' for model "
-                                   f"'{message.model_name}'")
-    shm = _shared_memory_inputs(message)
-    if raw and len(raw) != len(message.inputs) - len(shm):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for "
-            f"{len(message.inputs) - len(shm)} inputs not in shared memory; send every such "
-            "input raw, or none"
-        )
-    if not message.inputs:
+    tensors = message.inputs
+    if not tensors:
         raise InvalidInput("request must have at least one input")
-    inputs: TensorDict = {}
-    raw_index = 0
-    for tensor in message.inputs:
-        if tensor.name in inputs:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        if tensor.name not in shm:
-            inputs[tensor.name] = _decode_input(tensor, raw[raw_index] if raw else None)
-            raw_index += 1
+    carried: dict[str, Any] = {}  # name -> its tensor message, data in the request
+    shm: dict[str, SharedMemoryInput] = {}
+    for tensor in tensors:  # one pass: each element read from the message once
+        name = tensor.name
+        if raw and tensor.HasField("contents"):  # Triton's rule and words
+            raise InvalidInput(f"contents field must not be specified when using "
+                               f"raw_input_contents for '{name}' for model "
+                               f"'{message.model_name}'")
+        if name in carried or name in shm:
+            raise InvalidInput(f"input '{name}' is given more than once")
+        parameters = tensor.parameters
+        if parameters and any(key in parameters for key in PARAMETERS):
+            shm[name] = _shared_memory_input(tensor, parameters)
+        else:
+            carried[name] = tensor  # decoded below, once the raw entries are known to fit
+    if raw and len(raw) != len(carried):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(carried)} inputs not in "
+            "shared memory; send every such input raw, or none")
+    inputs: TensorDict = {name: _decode_input(tensor, raw[index] if raw else None)
+                          for index, (name, tensor) in enumerate(carried.items())}
     return InferRequest(
         inputs=inputs,
         outputs=[_requested_output(output) for output in message.outputs] or None,
@@ -59,26 +61,17 @@ def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def _shared_memory_inputs(message: pb.ModelInferRequest) -> dict[str, SharedMemoryInput]:
-    """The inputs whose bytes are in shared memory (no contents, no raw entry of their own)."""
-    found: dict[str, SharedMemoryInput] = {}
-    for tensor in message.inputs:
-        parameters = tensor.parameters
-        if not parameters or not any(key in parameters for key in PARAMETERS):
-            continue
-        what = f"input '{tensor.name}'"
-        ref = shared_memory_ref({key: _parameter(value) for key, value
-                                 in tensor.parameters.items()}, what)
-        assert ref is not None
-        if tensor.HasField("contents"):
-            raise InvalidInput(f"{what} takes its data from shared memory region "
-                               f"'{ref.region}'; it must not carry contents as well")
-        if tensor.name in found:
-            raise InvalidInput(f"input '{tensor.name}' is given more than once")
-        lookup(tensor.datatype)  # a datatype Serval knows
-        found[tensor.name] = SharedMemoryInput(
-            tensor.datatype, check_shape(list(tensor.shape), tensor.name), ref)
-    return found
+def _shared_memory_input(tensor: Any, parameters: Any) -> SharedMemoryInput:
+    """An input whose bytes are in shared memory (no contents, no raw entry of its own)."""
+    what = f"input '{tensor.name}'"
+    ref = shared_memory_ref({key: _parameter(value) for key, value in parameters.items()},
+                            what)
+    assert ref is not None
+    if tensor.HasField("contents"):
+        raise InvalidInput(f"{what} takes its data from shared memory region "
+                           f"'{ref.region}'; it must not carry contents as well")
+    lookup(tensor.datatype)  # a datatype Serval knows
+    return SharedMemoryInput(tensor.datatype, check_shape(list(tensor.shape), tensor.name), ref)
 
 
 def encode_infer_response(response: InferResponse) -> pb.ModelInferResponse:

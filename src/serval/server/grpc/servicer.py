@@ -23,6 +23,7 @@ from serval.server.grpc.stream_infer import (
     model_is_decoupled,
     stream_error,
 )
+from serval.server.streams import decoupled_now
 
 Reply = TypeVar("Reply")
 Context = Any  # serval.server.grpc.calls.CallContext (grpc.aio.ServicerContext's shape)
@@ -153,7 +154,8 @@ class InferenceServicer(SharedMemoryRpcs):
                 self.auth.check(token, Action.INFER, request.model_name)
         except ServalError:
             return False
-        return await model_is_decoupled(self.dataplane, request)
+        known = decoupled_now(self.dataplane, request.model_name, request.model_version or None)
+        return known if known is not None else await model_is_decoupled(self.dataplane, request)
 
     async def _stream_one(self, request: Any, token: str | None) -> pb.ModelStreamInferResponse:
         """One stream request's answer: its response, or an error that names the request (id,

@@ -53,6 +53,10 @@ class StreamCall:
                  context: Any, slots: int) -> None:
         self._ordered, self._decoupled, self._run_stream = ordered, decoupled, stream
         self._context = context
+        time_remaining = getattr(context, "time_remaining", None)
+        remaining_s = time_remaining() if time_remaining is not None else None
+        self._ends: float | None = (  # the stream's deadline (loop time)
+            None if remaining_s is None else asyncio.get_running_loop().time() + remaining_s)
         self._slots = asyncio.Semaphore(slots)
         self._outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -64,7 +68,7 @@ class StreamCall:
         reading, finished = True, 0
         try:
             while reading or finished < self._started:
-                item = await self._next()
+                item = await (self._outbox.get() if self._ends is None else self._next())
                 if item is None:
                     reading = False
                     continue
@@ -84,12 +88,11 @@ class StreamCall:
                 await reader
 
     async def _next(self) -> Outgoing | None:
-        time_remaining = getattr(self._context, "time_remaining", None)
-        remaining_s = time_remaining() if time_remaining is not None else None
-        if remaining_s is None:
-            return await self._outbox.get()
+        """The next answer to hand on, within the stream's deadline (set at the call's start)."""
+        assert self._ends is not None
+        remaining_s = self._ends - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(self._outbox.get(), remaining_s)
+            return await asyncio.wait_for(self._outbox.get(), max(0.0, remaining_s))
         except TimeoutError:
             await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED,
                                       "the stream's deadline passed; its requests are cancelled")
