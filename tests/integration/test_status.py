@@ -201,7 +201,7 @@ def test_the_built_wheel_ships_the_page_assets(tmp_path: Path) -> None:
                             "--wheel-dir", str(tmp_path), str(ROOT)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = tmp_path.glob("serval-*.whl")
+    (wheel,) = tmp_path.glob("serval_server-*.whl")  # the distribution serval-server
     names = set(zipfile.ZipFile(wheel).namelist())
     for asset in ("index.html", "app.js", "charts.js", "style.css"):
         assert f"serval/server/http/ui/static/{asset}" in names
