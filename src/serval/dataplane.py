@@ -12,7 +12,7 @@ from typing import Any
 from serval import __version__
 from serval.backends.base import ModelMetadata
 from serval.backends.validation import validate_request
-from serval.config import server_default
+from serval.config import ModelConfig, server_default
 from serval.errors import (
     InvalidInput,
     ModelNotFound,
@@ -31,6 +31,7 @@ from serval.protocol.types import InferRequest, InferResponse, TensorDict, Tenso
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
 from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
 from serval.repository.served import ModelState, ServedModel
+from serval.repository.triton_sequence import triton_sequence_batching
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +150,7 @@ class DataPlane:
             "max_batch_size": metadata.max_batch_size,
             "input": [_config_tensor(spec, batch_dims) for spec in metadata.inputs],
             "output": [_config_tensor(spec, batch_dims) for spec in metadata.outputs],
-            "dynamic_batching": {
-                "max_queue_delay_microseconds": int(config.batching.max_queue_delay_ms * 1000)
-                if config else 0,
-            },
+            **_scheduling(config),
             "instance_group": [{"count": config.instances if config else 1, "kind": "KIND_CPU"}],
         }
 
@@ -384,6 +382,15 @@ def _require_metadata(served: ServedModel) -> ModelMetadata:
     if served.model is None:
         raise ModelNotReady(not_ready_message(served))
     return served.model.metadata
+
+
+def _scheduling(config: ModelConfig | None) -> dict[str, Any]:
+    """How the model's requests are scheduled, in Triton's words: its sequence batcher, or
+    the dynamic batcher's delay."""
+    if config is not None and config.sequence_batching is not None:
+        return {"sequence_batching": triton_sequence_batching(config.sequence_batching)}
+    delay_ms = config.batching.max_queue_delay_ms if config else 0.0
+    return {"dynamic_batching": {"max_queue_delay_microseconds": int(delay_ms * 1000)}}
 
 
 def _config_tensor(spec: TensorSpec, batch_dims: int) -> dict[str, Any]:

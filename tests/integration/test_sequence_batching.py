@@ -99,6 +99,24 @@ def test_control_and_state_tensors_are_hidden(server: RunningServer, transport: 
         assert names == (inputs, outputs)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_config_yaml_sequence_model_shows_triton_sequence_batching(
+        server: RunningServer, transport: str) -> None:
+    """The model configuration extension shows config.yaml's sequence_batching in Triton's
+    form (tritonclient parses it into Triton's ModelConfig), not a dynamic batcher."""
+    shown = _client(server, transport).get_model_config("lstm_step")
+    if transport == "grpc":
+        from google.protobuf import json_format
+
+        shown = json_format.MessageToDict(shown.config, preserving_proto_field_name=True)
+    assert "dynamic_batching" not in shown
+    batching = shown["sequence_batching"]
+    assert int(batching["max_sequence_idle_microseconds"]) == 5_000_000
+    assert "direct" in batching
+    assert [(s["input_name"], s["output_name"], s["data_type"]) for s in batching["state"]] == [
+        ("h_in", "h_out", "TYPE_FP32"), ("c_in", "c_out", "TYPE_FP32")]
+
+
 def _refused(call: Callable[[], object], status: dict[str, str], transport: str,
              *words: str) -> str:
     with pytest.raises(InferenceServerException) as caught:

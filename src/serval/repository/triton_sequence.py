@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from serval.config import SequenceBatchingConfig, SequenceControl
 from serval.errors import ConfigError
-from serval.protocol.dtypes import from_config_type
+from serval.protocol.dtypes import from_config_type, lookup
 from serval.protocol.grpc import model_config_pb2 as mc
 
 _CONTROL = {"kind": None, "int32_false_true": None, "fp32_false_true": None,
@@ -91,3 +92,39 @@ def _datatype(value: int, where: str, source: str) -> str:
     if datatype is None:
         raise ConfigError(f"{source}: {where}: data_type {config_name} is not supported")
     return datatype
+
+
+_KIND_NAMES = {kind: mc.ModelSequenceBatching.Control.Kind.Name(number)
+               for number, kind in _KINDS.items()}
+_FALSE_TRUE = {"INT32": "int32_false_true", "FP32": "fp32_false_true",
+               "BOOL": "bool_false_true"}
+
+
+def triton_sequence_batching(settings: SequenceBatchingConfig) -> dict[str, Any]:
+    """Serval's sequence_batching settings in Triton's JSON form (the model configuration
+    extension shows a config.yaml sequence model as Triton would)."""
+    delay_us = int(settings.max_queue_delay_ms * 1000)
+    strategy: dict[str, Any] = {"max_queue_delay_microseconds": delay_us}
+    if settings.strategy == "oldest" and settings.max_candidate_sequences:
+        strategy["max_candidate_sequences"] = settings.max_candidate_sequences
+    return {
+        settings.strategy: strategy,
+        "max_sequence_idle_microseconds": int(settings.max_sequence_idle_ms * 1000),
+        "control_input": [{"name": control.name, "control": [_triton_control(control)]}
+                          for control in settings.controls],
+        "state": [{"input_name": state.input_name, "output_name": state.output_name,
+                   "data_type": lookup(state.datatype).config, "dims": state.dims}
+                  for state in settings.states],
+    }
+
+
+def _triton_control(control: SequenceControl) -> dict[str, Any]:
+    kind = _KIND_NAMES[control.kind]
+    if control.kind == "corrid":
+        return {"kind": kind, "data_type": lookup(control.datatype).config}
+    values: list[Any] = list(control.false_true)
+    if control.datatype == "BOOL":
+        values = [bool(v) for v in values]
+    elif control.datatype == "INT32":
+        values = [int(v) for v in values]
+    return {"kind": kind, _FALSE_TRUE[control.datatype]: values}

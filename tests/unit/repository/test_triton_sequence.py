@@ -77,3 +77,25 @@ def test_what_serval_cannot_honour_is_named(tmp_path: Path, text: str, named: st
     with pytest.raises(ConfigError, match="cfg: ") as refused:
         _map("max_batch_size: 4\n" + text, tmp_path)
     assert named in str(refused.value)
+
+
+def test_settings_shown_in_tritons_form_read_back_the_same() -> None:
+    """Serval's settings in Triton's JSON form (the model configuration extension) parse with
+    Triton's schema and map back onto the same settings."""
+    from google.protobuf import json_format
+
+    from serval.config import SequenceBatchingConfig
+    from serval.repository.triton_sequence import sequence_settings, triton_sequence_batching
+
+    settings = SequenceBatchingConfig(
+        strategy="oldest", max_sequence_idle_ms=250.0, max_candidate_sequences=3,
+        max_queue_delay_ms=2.0,
+        controls=[SequenceControl(name="S", kind="start", datatype="FP32"),
+                  SequenceControl(name="E", kind="end", datatype="BOOL"),
+                  SequenceControl(name="R", kind="ready", datatype="INT32", false_true=(5, 6)),
+                  SequenceControl(name="C", kind="corrid", datatype="BYTES")],
+        states=[SequenceState(input_name="h_in", output_name="h_out", datatype="FP32",
+                              dims=[2, 3])])
+    shown = json_format.ParseDict(triton_sequence_batching(settings),
+                                  mc.ModelSequenceBatching())
+    assert SequenceBatchingConfig(**sequence_settings(shown, "test")) == settings
