@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.triton_python_models import write as write_serval  # config.yaml + 1/model.py
+
 REPEAT = '''
 import json
 import threading
@@ -227,15 +229,6 @@ inputs:
 outputs:
   - {name: OUT, datatype: INT32, dims: [1]}
 """
-
-
-def write_serval(root: Path, name: str, source: str, config: str) -> Path:
-    """A Serval model folder: config.yaml and 1/model.py."""
-    version = root / name / "1"
-    version.mkdir(parents=True)
-    (root / name / "config.yaml").write_text(config)
-    (version / "model.py").write_text(source)
-    return root / name
 
 
 def write(root: Path, name: str, source: str, pbtxt: str) -> Path:

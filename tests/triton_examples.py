@@ -21,7 +21,8 @@ def _config(name: str, elem: int, inputs: list[str], outputs: list[str], dims: i
             f"input [\n{tensors(inputs)}\n]\noutput [\n{tensors(outputs)}\n]\n")
 
 
-def _write(root: Path, name: str, graph: onnx.GraphProto, config: str) -> None:
+def write_model(root: Path, name: str, graph: onnx.GraphProto, config: str) -> None:
+    """A Triton model folder: config.pbtxt and 1/model.onnx."""
     version = root / name / "1"
     version.mkdir(parents=True)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -37,7 +38,7 @@ def _add_sub(root: Path, name: str, elem: int) -> None:
     graph = helper.make_graph([helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
                                helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
                               name, io[:2], io[2:])
-    _write(root, name, graph, _config(name, elem, ["INPUT0", "INPUT1"],
+    write_model(root, name, graph, _config(name, elem, ["INPUT0", "INPUT1"],
                                       ["OUTPUT0", "OUTPUT1"], 16))
 
 
@@ -52,7 +53,7 @@ def _string_add_sub(root: Path, name: str) -> None:
              helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=TensorProto.STRING),
              helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=TensorProto.STRING)]
     graph = helper.make_graph(nodes, name, strings[:2], strings[2:])
-    _write(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0", "INPUT1"],
+    write_model(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0", "INPUT1"],
                                       ["OUTPUT0", "OUTPUT1"], 16))
 
 
@@ -62,7 +63,7 @@ def _identity(root: Path, name: str) -> None:
           for n in ("INPUT0", "OUTPUT0")]
     graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
                               name, io[:1], io[1:])
-    _write(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0"], ["OUTPUT0"], -1))
+    write_model(root, name, graph, _config(name, TensorProto.STRING, ["INPUT0"], ["OUTPUT0"], -1))
 
 
 def build(root: Path) -> Path:

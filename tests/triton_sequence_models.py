@@ -16,6 +16,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from tests.triton_examples import write_model
+
 I32 = TensorProto.INT32
 
 
@@ -50,22 +52,13 @@ def _config(name: str, controls: list[str], states: list[str], data_type: str = 
             f'output [ {{ name: "OUTPUT" data_type: {data_type} dims: [ 1 ] }} ]\n')
 
 
-def _write(root: Path, name: str, graph: onnx.GraphProto, config: str) -> None:
-    version = root / name / "1"
-    version.mkdir(parents=True)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, version / "model.onnx")
-    (root / name / "config.pbtxt").write_text(config)
-
-
 def _simple_sequence(root: Path) -> None:
     nodes = [helper.make_node("Add", ["INPUT", "START"], ["sum"]),
              helper.make_node("Mul", ["sum", "READY"], ["OUTPUT"])]
     graph = helper.make_graph(nodes, "simple_sequence",
                               [_io(n, I32) for n in ("INPUT", "START", "READY")],
                               [_io("OUTPUT", I32)])
-    _write(root, "simple_sequence", graph, _config(
+    write_model(root, "simple_sequence", graph, _config(
         "simple_sequence", [_control("START", "START"), _control("READY", "READY")], []))
 
 
@@ -80,7 +73,7 @@ def _simple_dyna_sequence(root: Path) -> None:
                               [*inputs, _io("CORRID", TensorProto.UINT64)], [_io("OUTPUT", I32)])
     controls = [_control("START", "START"), _control("END", "END"), _control("READY", "READY"),
                 _corrid("CORRID", "TYPE_UINT64")]
-    _write(root, "simple_dyna_sequence", graph, _config("simple_dyna_sequence", controls, []))
+    write_model(root, "simple_dyna_sequence", graph, _config("simple_dyna_sequence", controls, []))
 
 
 def _string_dyna_sequence(root: Path) -> None:
@@ -93,7 +86,7 @@ def _string_dyna_sequence(root: Path) -> None:
     graph = helper.make_graph(nodes, name, [*inputs, _io("CORRID", TensorProto.STRING)],
                               [_io("OUTPUT", I32), _io("ACC_OUT", I32)])
     controls = [_control("END", "END"), _corrid("CORRID", "TYPE_STRING")]
-    _write(root, name, graph, _config(name, controls, [_state("ACC_IN", "ACC_OUT",
+    write_model(root, name, graph, _config(name, controls, [_state("ACC_IN", "ACC_OUT",
                                                               "TYPE_INT32")]))
 
 
@@ -107,7 +100,7 @@ def _accumulate(root: Path) -> None:
     strategy = "  oldest { max_candidate_sequences: 2 }\n"
     config = _config("accumulate", [], [_state("STATE_IN", "STATE_OUT", "TYPE_FP32")],
                      "TYPE_FP32", strategy)
-    _write(root, "accumulate", graph, config.replace("5000000", "300000"))
+    write_model(root, "accumulate", graph, config.replace("5000000", "300000"))
 
 
 def build(root: Path) -> Path:

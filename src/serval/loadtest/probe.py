@@ -23,6 +23,7 @@ _GRPC_NAMES = {3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED", 8:
 # the request's own fault: every request of the test would be refused the same way
 _GRPC_CLIENT_FAULTS = (3, 5, 7, 12, 16)
 _MAX_REASON_CHARS = 300
+MAX_ANSWER_BYTES = 1024 * 1024  # one probe's answer read at most (a v2 error is far smaller)
 
 
 class NoAnswer(WorkloadError):
@@ -98,10 +99,15 @@ def http_call(host: str, port: int, request: bytes, timeout_s: float) -> Answer:
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(request)
+            received = 0
             while not done:
                 data = sock.recv(65536)
                 if not data:
                     raise WorkloadError(f"{where}: the connection closed before an answer")
+                received += len(data)
+                if received > MAX_ANSWER_BYTES:
+                    raise WorkloadError(f"{where}: the answer to the first request runs past "
+                                        f"{MAX_ANSWER_BYTES} bytes (is this a v2 server?)")
                 parser.feed_data(data)
     except TimeoutError:
         raise NoAnswer(f"{where}: no answer within {timeout_s:g} s") from None
