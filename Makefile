@@ -8,7 +8,7 @@ HOST   ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 
-.PHONY: setup models serve test unit bench bench-models bench-optimize lint proto clean
+.PHONY: setup models serve test unit bench bench-models bench-engine bench-optimize lint proto clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ bench: setup models
 bench-models: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/many_models.py --models 10000
 	HF_HUB_OFFLINE=1 $(PY) bench/hot_swap.py --repository $(MODELS)
+
+# Engine-bound models (minilm, lstm) and mlp: served vs the in-process engine at 1-1,000 clients,
+# median of 3 runs, each step against the engine timed just before it (~8 minutes).
+bench-engine: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/engine_bound.py --repository $(MODELS)
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.
 bench-optimize: setup models

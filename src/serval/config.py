@@ -83,7 +83,8 @@ class OnnxRuntimeConfig(_Strict):
     inter_op_threads: int | None = Field(None, ge=1)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     execution_providers: list[str] | None = None
-    allow_spinning: bool = False
+    allow_spinning: bool | None = Field(
+        None, description="unset: on where one batch-1 call takes >= 2 ms (measured at load)")
 
 
 class TensorConfig(_Strict):

@@ -9,13 +9,13 @@ import contextlib
 import gc
 import ipaddress
 import logging
-import os
 import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serval.auth import TokenStore
 from serval.backends.base import BackendOptions
+from serval.backends.cores import usable_cores
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
 from serval.observability.metrics import (
@@ -47,14 +47,6 @@ NODE_HEADER = "serval-node"  # on every answer: which node behind the load balan
 SAMPLER_TASK = "status-sampler"
 
 
-def available_cores() -> int:
-    """Cores this process may run on (affinity-aware)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 @dataclass
 class ServingStack:
     """Everything that answers requests, without listeners: what a cluster node serves with."""
@@ -75,7 +67,7 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
 
     `cores` is this process's share for the engines (default: the process's cores divided
     among `config.workers`)."""
-    cores = max(1, available_cores() // config.workers if cores is None else cores)
+    cores = max(1, usable_cores() // config.workers if cores is None else cores)
     registry = build_model_registry(config, cores)
     await registry.start()
     tasks: list[asyncio.Task[None]] = []

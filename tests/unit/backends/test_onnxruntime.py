@@ -1,11 +1,21 @@
-"""ONNX Runtime's own errors on bad input values become a client's 400 without node names."""
+"""ONNX Runtime: its own errors on bad input values become a client's 400 without node names;
+intra-op spinning is chosen from one measured call unless the config decides."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+from typing import Any
 
-from serval.backends.onnxruntime import rejected_input
+import pytest
+import yaml
+from onnx import TensorProto
+
+from serval.backends import onnxruntime as onnxruntime_backend
+from serval.backends.base import ModelVersionSpec
+from serval.backends.onnxruntime import OnnxRuntimeBackend, rejected_input
+from serval.config import ModelConfig
 from serval.errors import EngineRejectedInput, ErrorCode
+from tests import fixture_models
 
 pytestmark = pytest.mark.unit
 
@@ -19,3 +29,52 @@ def test_ort_invalid_argument_becomes_a_400_without_node_names() -> None:
     assert "(Gather): indices element out of data bounds, idx=99" in error.message
     assert "vocabulary" in error.message and "/encoder" not in error.message
     assert error.detail.startswith("indices element out of data bounds")
+
+
+def _spinning(model: Any) -> str:
+    session = model._free.get()
+    model._free.put(session)
+    return str(session.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning"))
+
+
+def _load(path: Path, config: str, cores: int = 2) -> Any:
+    spec = ModelVersionSpec(path.parent.parent.name, "1", path.parent,
+                            ModelConfig.model_validate(yaml.safe_load(config)))
+    return OnnxRuntimeBackend(cores).load(spec)
+
+
+@pytest.mark.parametrize(("threshold_ms", "expected"), [(0.0, "1"), (float("inf"), "0")])
+def test_spinning_follows_the_measured_batch1_call(tmp_path: Path, threshold_ms: float,
+                                                   expected: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onnxruntime_backend, "SPIN_MIN_CALL_MS", threshold_ms)
+    path = fixture_models.heavy(tmp_path)
+    assert _spinning(_load(path, "max_batch_size: 8\n")) == expected
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_a_configured_spinning_is_kept_without_measuring(
+        tmp_path: Path, setting: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onnxruntime_backend, "batch1_call_ms", _never_called)
+    path = fixture_models.heavy(tmp_path)
+    config = f"max_batch_size: 8\nonnxruntime: {{allow_spinning: {str(setting).lower()}}}\n"
+    assert _spinning(_load(path, config)) == ("1" if setting else "0")
+
+
+def test_one_thread_never_spins_nor_measures(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onnxruntime_backend, "batch1_call_ms", _never_called)
+    assert _spinning(_load(fixture_models.heavy(tmp_path), "max_batch_size: 8\n", 1)) == "0"
+
+
+def test_the_probe_times_a_real_call_and_skips_string_inputs(tmp_path: Path) -> None:
+    heavy = _load(fixture_models.heavy(tmp_path), "max_batch_size: 8\n")
+    assert onnxruntime_backend.batch1_call_ms(heavy._free.get()) > 0.0
+    strings = _load(fixture_models.typed_identity(tmp_path, "s", TensorProto.STRING),
+                    "max_batch_size: 8\n")
+    assert onnxruntime_backend.batch1_call_ms(strings._free.get()) == 0.0
+
+
+def _never_called(session: Any) -> float:
+    raise AssertionError("the batch-1 call was measured although the setting is decided")
