@@ -46,7 +46,7 @@ def cgroup_quota(cgroup_root: Path = CGROUP_ROOT,
 
 
 def _ancestors(base: Path, path: str) -> list[Path]:
-    """base/path and each of its parents up to base, tightest first or not: all are checked."""
+    """base/path and each of its parents up to base itself (a quota at any level applies)."""
     parts = [p for p in path.strip("/").split("/") if p and p != ".."]
     return [base.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 

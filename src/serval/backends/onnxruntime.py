@@ -68,6 +68,7 @@ class OnnxRuntimeBackend(EngineBackend):
             if call_ms >= SPIN_MIN_CALL_MS:
                 log.info("intra-op spinning on: one batch-1 call takes %.1f ms", call_ms,
                          extra={"model": spec.name, "version": spec.version})
+                sessions.clear()  # never two copies of the weights at once
                 sessions = [self._session(model_file, spec.config, threads, True)
                             for _ in range(spec.config.instances)]
         metadata = read_metadata(sessions[0], spec.config, str(model_file))
