@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
+from bench.engine_ceiling import time_runs
 from bench.serving import _max_batch
 from bench.workloads import infer_requests, model_file, model_spec, random_feeds
 from serval.backends.cores import usable_cores
@@ -118,7 +118,7 @@ def measure(onnx_file: Path, max_batch: int, seconds: float) -> dict[str, Any]:
         by[spinning] = {}
         for batch in [b for b in BATCHES if b <= max_batch]:
             feed = random_feeds(spec, batch, 1)[0]
-            durations = _time_runs(session, feed, seconds)
+            durations = time_runs(session, feed, seconds)
             by[spinning][batch] = batch / float(np.median(durations))
             if batch == 1:
                 batch1_ms = min(batch1_ms, float(np.median(durations)) * 1e3)
@@ -133,19 +133,6 @@ def _session(onnx_file: Path, spinning: bool) -> ort.InferenceSession:
     options.intra_op_num_threads = usable_cores()
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-
-
-def _time_runs(session: ort.InferenceSession, feed: dict[str, np.ndarray],
-               seconds: float) -> list[float]:
-    for _ in range(3):
-        session.run(None, feed)
-    durations: list[float] = []
-    stop = time.perf_counter() + seconds
-    while time.perf_counter() < stop:
-        started = time.perf_counter()
-        session.run(None, feed)
-        durations.append(time.perf_counter() - started)
-    return durations
 
 
 def serve(args: argparse.Namespace, model: str, logs: Path, ceiling: dict[str, Any]
@@ -170,8 +157,8 @@ def serve(args: argparse.Namespace, model: str, logs: Path, ceiling: dict[str, A
         for run in range(args.runs):
             for clients in args.clients:
                 now = ceiling["best_batch"] / float(np.median(
-                    _time_runs(session, best_feed, args.engine_seconds)))
-                batch1_ms = float(np.median(_time_runs(session, one_feed, 1.0))) * 1e3 \
+                    time_runs(session, best_feed, args.engine_seconds)))
+                batch1_ms = float(np.median(time_runs(session, one_feed, 1.0))) * 1e3 \
                     if clients == 1 else 0.0
                 for build, port in ports.items():
                     record = _step(port, model, requests, clients, args.duration)

@@ -41,7 +41,7 @@ def measure_ceiling(onnx_file: Path, max_batch: int, seconds_per_batch: float = 
     batch1_ms = 0.0
     for batch in [b for b in BATCH_SIZES if b <= max(1, max_batch)]:
         feed = random_feeds(spec, batch, 1)[0]
-        durations = _time_runs(session, feed, seconds_per_batch)
+        durations = time_runs(session, feed, seconds_per_batch)
         median_s = float(np.median(durations))
         by_batch[batch] = batch / median_s  # median: robust to a noisy, shared machine
         if batch == 1:
@@ -57,7 +57,7 @@ def engine_outputs(session: ort.InferenceSession, feed: dict[str, np.ndarray]
     return dict(zip(names, session.run(names, feed), strict=True))
 
 
-def _time_runs(session: ort.InferenceSession, feed: dict[str, np.ndarray],
+def time_runs(session: ort.InferenceSession, feed: dict[str, np.ndarray],
                seconds: float) -> list[float]:
     for _ in range(3):
         session.run(None, feed)
