@@ -60,37 +60,29 @@ def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]]
     while grpc_port == port:
         grpc_port = servers.free_port()
     command = servers.serval_command(args.repository, port, 1, grpc_port)
-    previous = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree.resolve() / "src")
-    try:
-        with servers.running(command, port, "/v2/health/ready", log):
-            servers.get_json(port, f"/v2/models/{args.model}")
-            pid = _server_pid(port)
-            # a fresh server settles first (allocator, caches, the first batches' estimates),
-            # so the first mode measured is not the one that pays for it
-            run_closed_loop(servers.HOST, port, loads["http-binary"], args.concurrency,
-                            args.settle, 0.0)
-            out = []
-            for mode in MODES:
-                cpu_before_s = _cpu_s(pid)
-                if mode.startswith("http"):
-                    result = run_closed_loop(servers.HOST, port, loads[mode], args.concurrency,
-                                             args.duration, args.warmup)
-                else:
-                    result = run_grpc_closed_loop(f"{servers.HOST}:{grpc_port}", loads["grpc"],
-                                                  args.concurrency, args.duration, args.warmup,
-                                                  processes=1, mode=mode.split("-")[1])
-                if result.failed:
-                    console.print(f"[red]{mode}: {result.failed} failed requests[/]")
-                answered = result.throughput_rps * args.duration
-                cpu_us = (_cpu_s(pid) - cpu_before_s) * 1e6 / max(1.0, answered)
-                out.append((mode, result.throughput_rps, cpu_us))
-            return out
-    finally:
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+    with servers.running(command, port, "/v2/health/ready", log, servers.tree_env(tree)):
+        servers.get_json(port, f"/v2/models/{args.model}")
+        pid = _server_pid(port)
+        # a fresh server settles first (allocator, caches, the first batches' estimates),
+        # so the first mode measured is not the one that pays for it
+        run_closed_loop(servers.HOST, port, loads["http-binary"], args.concurrency,
+                        args.settle, 0.0)
+        out = []
+        for mode in MODES:
+            cpu_before_s = _cpu_s(pid)
+            if mode.startswith("http"):
+                result = run_closed_loop(servers.HOST, port, loads[mode], args.concurrency,
+                                         args.duration, args.warmup)
+            else:
+                result = run_grpc_closed_loop(f"{servers.HOST}:{grpc_port}", loads["grpc"],
+                                              args.concurrency, args.duration, args.warmup,
+                                              processes=1, mode=mode.split("-")[1])
+            if result.failed:
+                console.print(f"[red]{mode}: {result.failed} failed requests[/]")
+            answered = result.throughput_rps * args.duration
+            cpu_us = (_cpu_s(pid) - cpu_before_s) * 1e6 / max(1.0, answered)
+            out.append((mode, result.throughput_rps, cpu_us))
+        return out
 
 
 def _server_pid(port: int) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -34,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import servers
 from bench.engine_ceiling import time_runs
-from bench.serving import _max_batch
-from bench.workloads import infer_requests, model_file, model_spec, random_feeds
+from bench.workloads import infer_requests, max_batch, model_file, model_spec, random_feeds
 from serval.backends.cores import usable_cores
 from serval.loadtest.closed_loop import run_closed_loop
 
@@ -50,7 +48,7 @@ def main() -> None:
     summary: list[str] = []
     for model in args.models:
         onnx_file = model_file(args.repository, model)
-        ceiling = measure(onnx_file, _max_batch(args.repository, model), args.engine_seconds)
+        ceiling = measure(onnx_file, max_batch(args.repository, model), args.engine_seconds)
         print(f"{model}: engine ceiling {ceiling['best']:,.0f} items/s (batch "
               f"{ceiling['best_batch']}, spinning {ceiling['best_spinning']}); batch-1 "
               f"{ceiling['batch1_ms']:.3f} ms", flush=True)
@@ -98,7 +96,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--engine-seconds", type=float, default=2.0)
-    parser.add_argument("--workers", default="1", help="Serval --workers (a number or auto)")
+    parser.add_argument("--workers", type=int, default=1, help="Serval --workers")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="extra argument for serval serve (repeatable)")
     parser.add_argument("--before", type=Path, default=None,
@@ -176,23 +174,11 @@ def serve(args: argparse.Namespace, model: str, logs: Path, ceiling: dict[str, A
 def _server(args: argparse.Namespace, repository: Path, model: str, tree: Path | None,
             logs: Path, build: str) -> Iterator[int]:
     port = servers.free_port()
-    command = servers.serval_command(repository, port, 1, 0)
-    command[command.index("--workers") + 1] = str(args.workers)
-    command += args.serve_arg
-    env = dict(os.environ)
-    if tree is not None:  # that tree's serval first on the path, for the child only
-        os.environ["PYTHONPATH"] = str(tree.resolve() / "src")
-    try:
-        started = servers.running(command, port, "/v2/health/ready",
-                                  logs / f"serval-{model}-{build}.log")
-        with started:
-            os.environ.clear()
-            os.environ.update(env)
-            servers.get_json(port, f"/v2/models/{model}")
-            yield port
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
+    command = servers.serval_command(repository, port, args.workers, 0) + args.serve_arg
+    with servers.running(command, port, "/v2/health/ready", logs / f"serval-{model}-{build}.log",
+                         None if tree is None else servers.tree_env(tree)):
+        servers.get_json(port, f"/v2/models/{model}")
+        yield port
 
 
 def _step(port: int, model: str, requests: list[bytes], clients: int,

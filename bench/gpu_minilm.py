@@ -85,7 +85,8 @@ def main() -> None:
             f"b{b} {rate:,.0f}/s" for b, (rate, _) in raw[name].items())
               + f"; best batch {best}; batch-1 p50 {raw[name][1][1]:.2f} ms")
         del program
-    torch.cuda.empty_cache() if cuda else None
+    if cuda:
+        torch.cuda.empty_cache()
     for workers in args.workers:
         _serve_and_measure(repository, raw, workers, duration, args.load_processes, reference)
 

@@ -10,13 +10,18 @@ import orjson
 from serval.loadtest.server_process import DIRECT, HOST, free_port, running
 
 __all__ = ["HOST", "fastapi_command", "free_port", "get_json", "running", "serval_command",
-           "trivial_command"]
+           "tree_env", "trivial_command"]
 
 
 def serval_command(repository: Path, port: int, workers: int, grpc_port: int) -> list[str]:
     return [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
             "--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port),
             "--workers", str(workers), "--log-level", "warning"]
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that makes a child run another checkout's serval (its src/ on the path)."""
+    return {"PYTHONPATH": str(tree.resolve() / "src")}
 
 
 def fastapi_command(repository: Path, port: int) -> list[str]:

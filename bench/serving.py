@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import report, servers
 from bench.checks import check_answer, check_grpc_answer
 from bench.engine_ceiling import Ceiling, engine_outputs, engine_session, measure_ceiling
-from bench.workloads import grpc_requests, infer_requests, model_file, model_spec, random_feeds
+from bench.workloads import (
+    grpc_requests,
+    infer_requests,
+    max_batch,
+    model_file,
+    model_spec,
+    random_feeds,
+)
 from serval.loadtest.closed_loop import StepResult, run_closed_loop
 from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
 from serval.loadtest.http_client import encode_http_request
@@ -50,7 +56,7 @@ def main() -> None:
     out: dict[str, Any] = {"generator_ceiling": report.result_dict(trivial), "models": {}}
     for model in args.models:
         ceiling = measure_ceiling(model_file(args.repository, model),
-                                  _max_batch(args.repository, model), args.engine_seconds)
+                                  max_batch(args.repository, model), args.engine_seconds)
         console.print(f"[bold]{model}[/]: engine ceiling {ceiling.best_items_per_s:,.0f} items/s "
                       f"(batch {ceiling.best_batch}), batch-1 {ceiling.batch1_ms:.3f} ms")
         rows = rows_by_model[model] = _measure_model(args, model, logs)
@@ -174,12 +180,6 @@ def _sweep(args: argparse.Namespace, port: int, requests: list[bytes], label: st
         results[concurrency] = result
         _print_step(label, concurrency, result)
     return results
-
-
-def _max_batch(repository: Path, model: str) -> int:
-    config_file = repository / model / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.exists() else None
-    return int((config or {}).get("max_batch_size", 128) or 1)
 
 
 def _model_json(rows: report.Rows, ceiling: Ceiling) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from serval.loadtest.workloads import grpc_requests
 from serval.loadtest.workloads import http_requests as infer_requests
@@ -28,6 +29,13 @@ class ModelSpec:
 
 def model_file(repository: Path, model: str) -> Path:
     return repository / model / "1" / "model.onnx"
+
+
+def max_batch(repository: Path, model: str) -> int:
+    """The model's max_batch_size from its config.yaml (128 where none is set, 1 for 0)."""
+    config_file = repository / model / "config.yaml"
+    config = yaml.safe_load(config_file.read_text()) if config_file.exists() else None
+    return int((config or {}).get("max_batch_size", 128) or 1)
 
 
 def model_spec(onnx_file: Path) -> ModelSpec:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.triton_python_models import write as write_serval  # config.yaml + 1/model.py
+from tests.triton_python_models import write_pbtxt as write  # config.pbtxt + 1/model.py
 
 REPEAT = '''
 import json
@@ -229,15 +230,6 @@ inputs:
 outputs:
   - {name: OUT, datatype: INT32, dims: [1]}
 """
-
-
-def write(root: Path, name: str, source: str, pbtxt: str) -> Path:
-    """A model folder as Triton has it: config.pbtxt and 1/model.py."""
-    version = root / name / "1"
-    version.mkdir(parents=True)
-    (root / name / "config.pbtxt").write_text(pbtxt.format(name=name))
-    (version / "model.py").write_text(source)
-    return root / name
 
 
 def build_all(root: Path) -> Path:

@@ -24,7 +24,6 @@ from typing import Any
 from serval.backends.base import (
     Engine,
     LoadedModel,
-    ModelMetadata,
     ModelResponse,
     ModelVersionSpec,
     RequestModel,
@@ -67,20 +66,13 @@ class StreamingIsolatedBackend(IsolatedBackend):
         return IsolatedRequestModel(model) if model.takes_requests else model
 
 
-class IsolatedStreamModel:
+class IsolatedStreamModel(IsolatedRequestModel):
     """A decoupled model in its worker process (a RequestModel whose requests carry sinks)."""
 
     def __init__(self, model: IsolatedModel) -> None:
-        self.isolated = model
+        super().__init__(model)
         self._pipe: StreamPipe | None = None
         self._lock = threading.Lock()
-
-    @property
-    def metadata(self) -> ModelMetadata:
-        return self.isolated.metadata
-
-    def memory_bytes(self) -> int:
-        return self.isolated.memory_bytes()
 
     def infer(self, inputs: TensorDict) -> TensorDict:
         raise BackendError("a decoupled model answers streamed requests only")

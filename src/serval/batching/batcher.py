@@ -175,15 +175,9 @@ class Batcher:
     async def close(self) -> None:
         """Stop the consumers; requests still queued fail as unavailable."""
         self._closed = True
-        for task in self._consumers:
-            task.cancel()
-        for task in self._consumers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_consumers(self._consumers)
         while self._queue:
-            request = self._queue.popleft()
-            if not request.future.done():
-                request.future.set_exception(ServerUnavailable("the model was unloaded"))
+            fail_unloaded(self._queue.popleft().future)
         self._queued_rows = 0
         if self._owns_executor:
             self._executor.shutdown(wait=True)
@@ -323,3 +317,18 @@ def _fail_all(batch: list[PendingRequest], exc: Exception, model_name: str) -> N
     for request in batch:
         if not request.future.done():
             request.future.set_exception(error)
+
+
+async def stop_consumers(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel a model's consumer tasks and wait until each has stopped."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def fail_unloaded(future: asyncio.Future[TensorDict]) -> None:
+    """A request still waiting when its model goes away: 503, the model was unloaded."""
+    if not future.done():
+        future.set_exception(ServerUnavailable("the model was unloaded"))

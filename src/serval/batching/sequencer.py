@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import LoadedModel
+from serval.batching.batcher import fail_unloaded, stop_consumers
 from serval.batching.policy import signature_of
 from serval.batching.sequence_policy import (
     LiveSequence,
@@ -179,15 +180,10 @@ class Sequencer:
     async def close(self) -> None:
         """Stop the consumers; waiting steps fail as unavailable; states are dropped."""
         self._closed = True
-        for task in self._consumers:
-            task.cancel()
-        for task in self._consumers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_consumers(self._consumers)
         for sequence in list(self._table.live.values()):
             for step in sequence.steps:
-                if not step.future.done():
-                    step.future.set_exception(ServerUnavailable("the model was unloaded"))
+                fail_unloaded(step.future)
             self._table.release(sequence)
         for waiter in self._slot_waiters:
             if not waiter.done():

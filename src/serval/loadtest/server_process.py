@@ -12,7 +12,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -28,11 +28,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(command: list[str], port: int, ready_path: str, log: Path) -> Iterator[int]:
-    """Run `command` until the block ends; yields the port once ready_path answers 200."""
+def running(command: list[str], port: int, ready_path: str, log: Path,
+            env: Mapping[str, str] | None = None) -> Iterator[int]:
+    """Run `command` until the block ends; yields the port once ready_path answers 200.
+    `env` adds to (or overrides) this process's environment, for the child only."""
     with log.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                   env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
                                    start_new_session=True)
         try:
             _wait_ready(process, port, ready_path, log)
