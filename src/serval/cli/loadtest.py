@@ -154,14 +154,21 @@ def _progress(console: Console, spec: LoadtestSpec) -> Iterator[Any]:
         yield before, after
 
 
+def _title(results: dict[str, Any]) -> str:
+    """The run's label and where it ran; the model and protocol once (the default label holds
+    them already)."""
+    label, model = results["label"], results["model"]
+    named = label if model in label else f"{label}: {model} ({results['protocol']})"
+    return f"{named} at {results['url']}"
+
+
 def results_rows(results: dict[str, Any]) -> Rows:
     """One row per step: offered load, requests, throughput, latency percentiles, errors."""
     rows = Rows([Column("load", "load"), Column("requests", "requests", True),
                  Column("throughput_rps", "req/s", True), Column("p50_ms", "p50 ms", True),
                  Column("p90_ms", "p90 ms", True), Column("p99_ms", "p99 ms", True),
                  Column("p999_ms", "p99.9 ms", True), Column("errors", "errors")],
-                title=f"{results['label']}: {results['model']} at {results['url']} "
-                      f"({results['protocol']})")
+                title=_title(results))
     for step in results["steps"]:
         load = (f"c={step['concurrency']}" if step["mode"] == "closed"
                 else f"{step['offered_rps']:g}/s")

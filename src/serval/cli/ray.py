@@ -116,7 +116,7 @@ def _connect(address: str) -> Any:
         import ray
         from ray import serve
     except ImportError:
-        fail("Ray Serve is not installed: pip install 'serval-server[cluster]'", 1)
+        fail("Ray Serve is not installed: pip install 'serval-server[ray]'", 1)
     _reachable(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)

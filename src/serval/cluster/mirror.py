@@ -31,7 +31,7 @@ class RepositoryMirror:
         except ImportError:
             raise ConfigError(
                 f"repository {url!r} is a URL: install fsspec "
-                "(pip install 'serval-server[cluster]')"
+                "(pip install 'serval-server[ray]')"
             ) from None
         try:
             self._fs, self._root = fsspec.core.url_to_fs(url)

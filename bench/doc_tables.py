@@ -1,0 +1,106 @@
+"""The benchmark tables of the README and docs/, rendered from the benchmarks' own JSON output.
+
+A page holds a generated table between two markers:
+
+    <!-- generated: NAME (docs/results/NAME.json); edit the renderer, not the table -->
+    | ... |
+    <!-- end generated -->
+
+`docs/results/NAME.json` is what the benchmark wrote with `--json-out` (committed, so the
+figures a page quotes can be traced to one run), and RENDERERS[NAME] turns it into the table.
+`python bench/doc_tables.py` rewrites every marked region; `--check` only reports those that
+differ (the test suite runs it, so a hand-edited figure fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \(docs/results/(?P=name)"
+                    r"\.json\); edit the renderer, not the table -->\n)(?P<body>.*?)"
+                    r"(?P<close><!-- end generated -->)", re.S)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def engine_bound(results: dict[str, Any]) -> str:
+    """bench/engine_bound.py: per model, the 1-client p50 over the engine's batch 1, then the
+    median ratio to the engine's best batch (throughput for the HTTP-bound mlp) per client
+    count; this tree's series ("after")."""
+    first = next(iter(results.values()))["served"]["after"]
+    counts = [int(c) for c in first]
+    kinds = {"minilm": "engine-bound", "lstm": "short engine calls", "mlp": "HTTP-bound"}
+    head = ["model", "1 client: p50 (minus the engine's batch 1)",
+            *(f"{c:,} clients" for c in counts if c > 1)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, figures in results.items():
+        served = figures["served"]["after"]
+        one = served["1"]
+        over = statistics.median(r["p50_ms"] - r["engine_batch1_ms"] for r in one)
+        cells = [f"`{model}`" + (f" ({kinds[model]})" if model in kinds else ""),
+                 f"{_median(one, 'p50_ms'):.2f} ms ({over:+.2f} ms)".replace("-", "\N{MINUS SIGN}")]
+        for clients in (c for c in counts if c > 1):
+            runs = served[str(clients)]
+            cells.append(f"{_median(runs, 'items_per_s'):,.0f} req/s" if model == "mlp"
+                         else f"{_median(runs, 'ratio'):.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "engine-bound": engine_bound,
+}
+
+
+def render(name: str) -> str:
+    if name not in RENDERERS:
+        raise SystemExit(f"no renderer for the generated table {name!r}")
+    path = RESULTS / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"{path.relative_to(ROOT)} is missing: run the benchmark with "
+                         f"--json-out {path.relative_to(ROOT)}")
+    return RENDERERS[name](orjson.loads(path.read_bytes()))
+
+
+def regions(text: str) -> list[tuple[str, str]]:
+    """(name, current table) for each generated region of a page."""
+    return [(m["name"], m["body"]) for m in REGION.finditer(text)]
+
+
+def rewrite(text: str) -> str:
+    return REGION.sub(lambda m: m["open"] + render(m["name"]) + m["close"], text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="report the regions that differ from their results; write nothing")
+    args = parser.parse_args()
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        new = rewrite(text)
+        if new != text:
+            stale.append(str(page.relative_to(ROOT)))
+            if not args.check:
+                page.write_text(new)
+    verb = "differ from docs/results" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "every generated table is up to date")
+    sys.exit(1 if stale and args.check else 0)
+
+
+if __name__ == "__main__":
+    main()

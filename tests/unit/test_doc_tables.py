@@ -1,0 +1,48 @@
+"""The benchmark tables in README and docs/ are the benchmarks' own output, rendered, never
+hand-edited figures (bench/doc_tables.py)."""
+
+from __future__ import annotations
+
+import copy
+
+import orjson
+import pytest
+from bench import doc_tables
+
+pytestmark = pytest.mark.unit
+
+
+def _all_regions() -> list[tuple[str, str, str]]:
+    return [(str(page.relative_to(doc_tables.ROOT)), name, body)
+            for page in doc_tables.PAGES for name, body in doc_tables.regions(page.read_text())]
+
+
+def test_every_generated_table_is_what_its_results_render() -> None:
+    found = _all_regions()
+    assert any(page == "README.md" and name == "engine-bound" for page, name, _ in found)
+    stale = [(page, name) for page, name, body in found if doc_tables.render(name) != body]
+    assert stale == [], "run `python bench/doc_tables.py` (or the benchmark that writes them)"
+
+
+def test_every_committed_result_feeds_a_table_and_every_table_has_a_renderer() -> None:
+    names = {name for _, name, _ in _all_regions()}
+    assert {p.stem for p in doc_tables.RESULTS.glob("*.json")} == names
+    assert names <= set(doc_tables.RENDERERS)
+
+
+def test_a_changed_figure_changes_the_table() -> None:
+    results = orjson.loads((doc_tables.RESULTS / "engine-bound.json").read_bytes())
+    before = doc_tables.engine_bound(results)
+    changed = copy.deepcopy(results)
+    for run in changed["minilm"]["served"]["after"]["64"]:
+        run["ratio"] = 0.5
+    after = doc_tables.engine_bound(changed)
+    assert after != before
+    assert "| 0.50 |" in next(line for line in after.splitlines() if "`minilm`" in line)
+
+
+def test_a_hand_edit_inside_a_region_is_put_back() -> None:
+    page = (doc_tables.ROOT / "README.md").read_text()
+    edited = page.replace("| `minilm` (engine-bound) |", "| `minilm` (engine-bound) | 9.99 |", 1)
+    assert edited != page
+    assert doc_tables.rewrite(edited) == page

