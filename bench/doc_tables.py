@@ -60,8 +60,48 @@ def engine_bound(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serving(results: dict[str, Any], clients: str = "64") -> str:
+    """bench/serving.py: req/s at 64 clients per transport, one row per model and Serval
+    worker count, with the FastAPI baseline and the engine's ceiling from the same run."""
+    head = ["model", "Serval JSON", "Serval binary", "gRPC unary", "gRPC stream",
+            "FastAPI + ORT", "engine ceiling", "best Serval / ceiling"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, figures in results["models"].items():
+        rows, ceiling = figures["rows"], figures["ceiling"]["best_items_per_s"]
+        workers = sorted({label.rsplit(" w", 1)[1] for label in rows
+                          if label.startswith("serval ")}, key=int)
+        def rps(label: str, rows: dict[str, Any] = rows) -> float | None:
+            step = rows.get(label, {}).get(clients)
+            return None if step is None else float(step["throughput_rps"])
+
+        for i, count in enumerate(workers):
+            labels = [f"serval {kind} w{count}"
+                      for kind in ("json", "binary", "grpc-unary", "grpc-stream")]
+            served = [rps(label) for label in labels]
+            json_step = rows.get(labels[0], {}).get(clients)
+            cells = [f"`{model}`" + (f" (`--workers {count}`)" if len(workers) > 1 else "")]
+            cells += ["" if v is None else f"{v:,.0f}" for v in served]
+            if json_step is not None:
+                cells[1] += f" req/s, p99 {json_step['p99_ms']:.1f} ms"
+            fastapi = rps("fastapi json") if i == 0 else None
+            cells.append("" if fastapi is None else f"{fastapi:,.0f}")
+            cells.append("" if i else (f"{ceiling / 1000:,.0f}k items/s" if ceiling >= 1e5
+                                       else f"{ceiling:,.0f} items/s"))
+            best = max((v for v in served if v is not None), default=0.0)
+            cells.append(f"{best / ceiling:.0%}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def serving_ratios(results: dict[str, Any]) -> str:
+    """bench/serving.py: the ratios it printed for that run, one bullet each."""
+    return "".join(f"- {line}\n" for line in results["ratios"])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "engine-bound": engine_bound,
+    "serving": serving,
+    "serving-ratios": serving_ratios,
 }
 
 

@@ -140,9 +140,7 @@ def serve(args: argparse.Namespace, model: str, logs: Path, ceiling: dict[str, A
     compares two figures taken within seconds of each other on this noisy box."""
     spec = model_spec(model_file(args.repository, model))
     requests = infer_requests(model, random_feeds(spec, 1, 16, seed=0), True, servers.HOST)
-    alone = logs / f"repository-{model}"  # this model alone: one server, one model's engine
-    alone.mkdir()
-    (alone / model).symlink_to((args.repository / model).resolve())
+    alone = servers.only(args.repository, [model], logs)
     builds = {"after": None} if args.before is None else {"before": args.before, "after": None}
     session = _session(model_file(args.repository, model), ceiling["best_spinning"])
     best_feed = random_feeds(spec, ceiling["best_batch"], 1)[0]

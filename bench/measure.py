@@ -37,10 +37,7 @@ def main() -> None:
     goals: list[str] = []
     files = []
     with tempfile.TemporaryDirectory() as tmp:
-        repository = Path(tmp) / "repo"
-        repository.mkdir()
-        for model in args.models:
-            (repository / model).symlink_to((args.repository / model).resolve())
+        repository = servers.only(args.repository, args.models, Path(tmp))
         port, grpc_port = servers.free_port(), servers.free_port()
         command = servers.serval_command(repository, port, 1, grpc_port)
         with servers.running(command, port, "/v2/health/ready", Path(tmp) / "serval.log"):

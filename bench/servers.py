@@ -14,9 +14,22 @@ __all__ = ["HOST", "fastapi_command", "free_port", "get_json", "running", "serva
 
 
 def serval_command(repository: Path, port: int, workers: int, grpc_port: int) -> list[str]:
-    return [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
-            "--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port),
-            "--workers", str(workers), "--log-level", "warning"]
+    command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
+               "--host", HOST, "--http-port", str(port), "--grpc-port", str(grpc_port),
+               "--workers", str(workers), "--log-level", "warning"]
+    # the benches measure what more workers do, engine-bound models included
+    return [*command, "--force-workers"] if workers > 1 else command
+
+
+def only(repository: Path, models: list[str], where: Path) -> Path:
+    """A repository under `where` holding only `models` (symlinks): each bench serves what it
+    measures, no other engine beside it, and no Python model asking for --allow-python-models."""
+    root = where / f"repository-{'-'.join(models)}"
+    root.mkdir(exist_ok=True)
+    for model in models:
+        if not (root / model).exists():
+            (root / model).symlink_to((repository / model).resolve())
+    return root
 
 
 def tree_env(tree: Path) -> dict[str, str]:

@@ -121,6 +121,7 @@ def _generator_ceiling(args: argparse.Namespace, logs: Path) -> StepResult:
 def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.Rows:
     """Serval (JSON and binary, per worker count), then the FastAPI baseline: one at a time."""
     onnx_file = model_file(args.repository, model)
+    alone = servers.only(args.repository, [model], logs)
     spec = model_spec(onnx_file)
     feeds = random_feeds(spec, batch=1, count=REQUESTS_PER_MODE, seed=0)
     expected = engine_outputs(engine_session(onnx_file), feeds[0])
@@ -130,7 +131,7 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
         worker_counts.append(args.multi_workers)
     for workers in worker_counts:
         port, grpc_port = servers.free_port(), servers.free_port()
-        command = servers.serval_command(args.repository, port, workers, grpc_port)
+        command = servers.serval_command(alone, port, workers, grpc_port)
         with servers.running(command, port, "/v2/health/ready",
                              logs / f"serval-{model}-w{workers}.log"):
             servers.get_json(port, f"/v2/models/{model}")  # the model is there and loaded
@@ -146,7 +147,7 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
                 label = f"serval grpc-{mode} w{workers}"
                 rows[label] = _grpc_sweep(args, target, grpc_reqs, mode, label)
     port = servers.free_port()
-    with servers.running(servers.fastapi_command(args.repository, port), port,
+    with servers.running(servers.fastapi_command(alone, port), port,
                          "/v2/health/ready", logs / f"fastapi-{model}.log"):
         requests = infer_requests(model, feeds, False, servers.HOST)
         check_answer(servers.HOST, port, requests[0], spec, expected, "fastapi json")

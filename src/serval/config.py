@@ -23,6 +23,7 @@ from serval.errors import ConfigError
 from serval.protocol.dtypes import DatatypeName
 
 MODEL_CONFIG_FILE = "config.yaml"
+MAX_WORKERS = 64
 _NODE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
@@ -254,7 +255,10 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
     grpc_port: int = Field(8001, ge=0, le=65535, description="0 disables gRPC")
-    workers: int = Field(1, ge=1, le=64)
+    workers: int | Literal["auto"] = Field(
+        1, description="serving processes; auto: as many as the cores where every model is "
+                       "HTTP-bound, else 1 (server/workers.py resolves it before serving)")
+    force_workers: bool = Field(False, description="serve engine-bound models with workers > 1")
     model_control: Literal["all", "lazy", "explicit"] = "all"
     memory_budget: ByteSize | None = Field(
         None, description="evict least-recently-used idle models beyond this many bytes"
@@ -264,6 +268,20 @@ class ServerConfig(_Strict):
     auth_tokens: Path | None = Field(None, description="tokens file: bearer auth when set")
     tls_cert: Path | None = Field(None, description="PEM certificate: HTTPS and gRPC over TLS")
     tls_key: Path | None = None
+
+    @field_validator("workers")
+    @classmethod
+    def _worker_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= MAX_WORKERS:
+            raise ValueError(f"workers must be 1 to {MAX_WORKERS} or auto, got {value}")
+        return value
+
+    @property
+    def worker_count(self) -> int:
+        """The resolved number of serving processes (ValueError while still `auto`)."""
+        if not isinstance(self.workers, int):
+            raise ValueError("workers is still 'auto': resolve it first (server/workers.py)")
+        return self.workers
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerConfig:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from serval.backends.cores import usable_cores
 from tests import fixture_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import infer
@@ -68,3 +71,25 @@ def test_a_killed_worker_is_restarted_and_shutdown_still_drains(
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=60) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in (before - {victim}) | replacement)
+
+
+def test_workers_for_an_engine_bound_model_are_refused_in_one_line(tmp_path: Path) -> None:
+    fixture_models.heavy(tmp_path, "big", layers=64, width=2048, shared_weight=True)
+    done = subprocess.run([sys.executable, "-m", "serval", "serve", "--repository",
+                           str(tmp_path), "--http-port", "18999", "--grpc-port", "0",
+                           "--workers", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+    assert len(said) == 1 and "engine-bound model big" in said[0], done.stderr
+    assert "Traceback" not in done.stderr and str(tmp_path) not in said[0]
+
+
+def test_auto_workers_serve_http_bound_models_from_a_process_per_core(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    server = server_factory(tmp_path, "--workers", "auto")
+    expected = max(1, min(usable_cores(), 64))
+    if expected > 1:  # one worker serves in the supervisor's own process
+        _workers_when(server.process.pid, lambda pids: len(pids) == expected)
+    assert '"why":"auto: ' in server.log()
+    assert [infer(server.url, "linear", X).status for _ in range(10)] == [200] * 10

@@ -18,6 +18,8 @@ ELSEWHERE = {
     "test_deploy_artifacts.py": "the files under deploy/ (Dockerfile, Kubernetes, Ray Serve)",
     "test_deploy_cluster.py": "deploy/k8s/cluster: Serval nodes behind HAProxy on Kubernetes",
     "test_layers.py": "the import graph of src/serval as a whole, and no grpc in the server",
+    "test_doc_tables.py": "bench/doc_tables.py: the docs' tables rendered from bench output",
+    "test_make_serve.py": "the Makefile's serve target and pyproject's extras",
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import queue
 import re
-import time
 from typing import Any
 
 import numpy as np
@@ -18,9 +17,10 @@ from serval.backends.base import (
     resolve_max_batch_size,
 )
 from serval.backends.engine import EngineBackend
+from serval.backends.probe import fastest_call_ms, zeros_batch1
 from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError, EngineRejectedInput
-from serval.protocol.dtypes import from_onnx_type, numpy_dtype
+from serval.protocol.dtypes import from_onnx_type
 from serval.protocol.types import TensorDict, TensorSpec
 
 log = logging.getLogger(__name__)
@@ -178,27 +178,13 @@ def session_options(config: OnnxRuntimeConfig, intra_threads: int, spinning: boo
 
 
 def batch1_call_ms(session: Any) -> float:
-    """The fastest of three timed calls on zeros of batch 1 (every free dim 1; fewer calls once
-    50 ms are spent); 0.0 where the model cannot run on such an input (string inputs, a shape
-    it refuses)."""
-    feed = {}
-    for arg in session.get_inputs():
-        datatype = from_onnx_type(arg.type)
-        if datatype == "BYTES":
-            return 0.0
-        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in arg.shape]
-        feed[arg.name] = np.zeros(shape, dtype=numpy_dtype(datatype))
-    options = quiet_run_options()
-    try:
-        session.run(None, feed, options)  # first call: allocations, kernel selection
-        times: list[float] = []
-        while len(times) < 3 and sum(times) < 0.05:  # a slow model decides in one call
-            started = time.perf_counter()
-            session.run(None, feed, options)
-            times.append(time.perf_counter() - started)
-    except Exception:
+    """One batch-1 call of a session on zeros, in ms (backends/probe.py); 0.0 where it cannot
+    run on such an input (string inputs, a shape it refuses)."""
+    feed = zeros_batch1([_tensor_spec(arg) for arg in session.get_inputs()])
+    if feed is None:
         return 0.0
-    return min(times) * 1e3
+    options = quiet_run_options()
+    return fastest_call_ms(lambda: session.run(None, feed, options))
 
 
 def execution_providers(config: ModelConfig, available: list[str]) -> list[Any]:

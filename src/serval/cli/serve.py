@@ -71,9 +71,15 @@ def serve_command(
         server_default("poll_interval_s"), "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
     ),
-    workers: int = typer.Option(
-        server_default("workers"),
-        help="Serving processes sharing the port (SO_REUSEPORT); each loads every model.",
+    workers: str = typer.Option(
+        str(server_default("workers")), metavar="N|auto",
+        help="Serving processes sharing the port (SO_REUSEPORT), each with every model: for "
+        "HTTP-bound models. N > 1 is refused for engine-bound ones (a batch-1 call >= 2 ms); "
+        "auto: one per core where every model is HTTP-bound, else 1.",
+    ),
+    force_workers: bool = typer.Option(
+        False, "--force-workers",
+        help="Serve engine-bound models with --workers N > 1 all the same.",
     ),
     log_level: str = typer.Option(server_default("log_level"),
                                   help="debug, info, warning or error."),
@@ -188,7 +194,7 @@ def serve_command(
         )
         config = ServerConfig(
             repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
-            workers=workers,
+            workers=_workers(workers), force_workers=force_workers,
             model_control=model_control, memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
@@ -206,7 +212,7 @@ def serve_command(
         raise typer.BadParameter(str(exc)) from None
     if not repository.is_dir():
         fail(f"model repository '{repository}' is not a directory")
-    if workers > 1 and http_port == 0:
+    if isinstance(config.workers, int) and config.workers > 1 and http_port == 0:
         fail("--workers > 1 needs a fixed --http-port (the workers share it)")
     if grpc_port and grpc_port == http_port:
         fail(f"--grpc-port and --http-port are both {grpc_port}")
@@ -217,6 +223,16 @@ def serve_command(
         fail(str(exc))
     except OSError as exc:
         fail(str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename or exc}")
+
+
+def _workers(text: str) -> int | str:
+    """--workers: a count or `auto` (ServerConfig checks the range)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"--workers takes a number or auto, got {text!r}") from None
 
 
 def _check_tls(cert: Path | None, key: Path | None) -> None:

@@ -67,7 +67,7 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
 
     `cores` is this process's share for the engines (default: the process's cores divided
     among `config.workers`)."""
-    cores = max(1, usable_cores() // config.workers if cores is None else cores)
+    cores = max(1, usable_cores() // config.worker_count if cores is None else cores)
     registry = build_model_registry(config, cores)
     await registry.start()
     tasks: list[asyncio.Task[None]] = []
@@ -111,7 +111,7 @@ def shared_memory_registry(config: ServerConfig) -> SharedMemoryRegistry | None:
     wanted = config.shared_memory
     if wanted is None:
         wanted = _is_loopback(config.host)
-    return SharedMemoryRegistry() if wanted and config.workers == 1 else None
+    return SharedMemoryRegistry() if wanted and config.worker_count == 1 else None
 
 
 def _is_loopback(host: str) -> bool:

@@ -12,17 +12,20 @@ from serval.config import ServerConfig
 from serval.observability.logging import configure_logging
 from serval.server.build import GRACEFUL_SHUTDOWN_S, start_server, stop_server
 from serval.server.supervisor import Supervisor
+from serval.server.workers import resolve_workers
 
 log = logging.getLogger(__name__)
 
 
 def serve(config: ServerConfig) -> None:
-    """Run the server in this process, or in `workers` processes sharing the port."""
-    if config.workers == 1:
+    """Run the server in this process, or in `workers` processes sharing the port (the count
+    chosen or checked first: server/workers.py)."""
+    configure_logging(config.log_level)
+    config = resolve_workers(config)
+    if config.worker_count == 1:
         run_worker(config, reuse_port=False)
         return
-    configure_logging(config.log_level)
-    code = Supervisor(config.workers, run_worker, (config, True)).run()
+    code = Supervisor(config.worker_count, run_worker, (config, True)).run()
     if code:
         raise SystemExit(code)
 

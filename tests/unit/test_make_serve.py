@@ -75,3 +75,13 @@ def test_the_base_install_serves_onnx_models_and_nothing_heavier() -> None:
     ("report", "matplotlib"), ("client", "tritonclient")])
 def test_each_extra_brings_what_it_is_named_for(extra: str, brings: str) -> None:
     assert brings in _closure("serval-server", {extra}) - _closure("serval-server", set())
+
+
+def test_make_serve_says_where_it_listens_and_takes_both_ports() -> None:
+    dry = subprocess.run(["make", "-n", "serve", "HTTP_PORT=9100", "GRPC_PORT=9101"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    said = dry[dry.index("echo"):]
+    assert "http://127.0.0.1:9100" in said and "127.0.0.1:9101" in said
+    assert "second terminal" in said and ".venv/bin/activate" in said
+    assert re.search(r"serval serve .*--http-port 9100 .*--grpc-port 9101", said.replace(
+        "\\\n", " "), re.S)
