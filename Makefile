@@ -56,11 +56,14 @@ test: setup models
 unit: setup
 	$(PY) -m pytest -m unit
 
+# Writes docs/results/serving.json (docs/measure.md's table is rendered from it at the end).
 bench: setup models
-	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS) \
+		--json-out docs/results/serving.json
 	HF_HUB_OFFLINE=1 $(PY) bench/pipeline.py --repository $(MODELS)
 	HF_HUB_OFFLINE=1 $(PY) bench/torch_backend.py
 	HF_HUB_OFFLINE=1 $(PY) bench/measure.py --repository $(MODELS)
+	$(PY) bench/doc_tables.py
 
 # The many-models and hot-swap benchmarks (minutes; the first writes ~4 GB of models to /tmp).
 bench-models: setup models
@@ -77,7 +80,9 @@ bench-engine: setup models
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.
 bench-optimize: setup models
-	HF_HUB_OFFLINE=1 $(PY) bench/optimize.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/optimize.py --repository $(MODELS) \
+		--json-out docs/results/optimize.json; missed=$$?; $(PY) bench/doc_tables.py && \
+		exit $$missed
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

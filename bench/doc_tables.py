@@ -2,11 +2,11 @@
 
 A page holds a generated table between two markers:
 
-    <!-- generated: NAME (docs/results/NAME.json); edit the renderer, not the table -->
+    <!-- generated: NAME (docs/results/FILE.json); edit the renderer, not the table -->
     | ... |
     <!-- end generated -->
 
-`docs/results/NAME.json` is what the benchmark wrote with `--json-out` (committed, so the
+`docs/results/FILE.json` is what the benchmark wrote with `--json-out` (committed, so the
 figures a page quotes can be traced to one run), and RENDERERS[NAME] turns it into the table.
 `python bench/doc_tables.py` rewrites every marked region; `--check` only reports those that
 differ (the test suite runs it, so a hand-edited figure fails).
@@ -27,8 +27,8 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \(docs/results/(?P=name)"
-                    r"\.json\); edit the renderer, not the table -->\n)(?P<body>.*?)"
+REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \(docs/results/(?P<file>"
+                    r"[a-z0-9-]+)\.json\); edit the renderer, not the table -->\n)(?P<body>.*?)"
                     r"(?P<close><!-- end generated -->)", re.S)
 
 
@@ -98,26 +98,41 @@ def serving_ratios(results: dict[str, Any]) -> str:
     return "".join(f"- {line}\n" for line in results["ratios"])
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "engine-bound": engine_bound,
-    "serving": serving,
-    "serving-ratios": serving_ratios,
+def optimize(results: dict[str, Any]) -> str:
+    """bench/optimize.py: each goal of `serval optimize` with its figure from one run."""
+    lines = ["| goal | measured | |", "|---|---|---|"]
+    for goal in results["goals"]:
+        bound = f"{'≥' if goal['at_least'] else '≤'} {goal['goal']:g}"
+        lines.append(f"| {goal['label']}: {bound} | {goal['value']:.4f} | "
+                     f"{'PASS' if goal['passed'] else 'MISS'} |")
+    lines.append(f"| (minilm INT8 minimum cosine, for reference) | "
+                 f"{results['int8_min_cosine']:.4f} | |")
+    return "\n".join(lines) + "\n"
+
+
+# table name -> (the results file it reads, docs/results/<file>.json; its renderer)
+RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "optimize": ("optimize", optimize),
+    "engine-bound": ("engine-bound", engine_bound),
+    "serving": ("serving", serving),
+    "serving-ratios": ("serving", serving_ratios),
 }
 
 
 def render(name: str) -> str:
     if name not in RENDERERS:
         raise SystemExit(f"no renderer for the generated table {name!r}")
-    path = RESULTS / f"{name}.json"
+    stem, renderer = RENDERERS[name]
+    path = RESULTS / f"{stem}.json"
     if not path.is_file():
         raise SystemExit(f"{path.relative_to(ROOT)} is missing: run the benchmark with "
                          f"--json-out {path.relative_to(ROOT)}")
-    return RENDERERS[name](orjson.loads(path.read_bytes()))
+    return renderer(orjson.loads(path.read_bytes()))
 
 
-def regions(text: str) -> list[tuple[str, str]]:
-    """(name, current table) for each generated region of a page."""
-    return [(m["name"], m["body"]) for m in REGION.finditer(text)]
+def regions(text: str) -> list[tuple[str, str, str]]:
+    """(name, the results file its marker names, current table) for each generated region."""
+    return [(m["name"], m["file"], m["body"]) for m in REGION.finditer(text)]
 
 
 def rewrite(text: str) -> str:

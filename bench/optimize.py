@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -45,6 +47,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=1.5, help="per model per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="the goals and rates as JSON (docs/results/optimize.json)")
     args = parser.parse_args()
     fp32 = args.repository / "minilm" / "1" / "model.onnx"
     tokenizer = args.repository / "tokenizer" / "1" / "tokenizer.json"
@@ -66,9 +70,14 @@ def main() -> int:
             "graph-optimized fp32, level=all": (graph.model, "all"),
             "int8 (graph + int8-dynamic), level=all": (int8.model, "all"),
         }, feeds, args)
-        code = _verdict(fp32, int8, graph, lstm, rates)
+        goals = _verdict(fp32, int8, graph, lstm, rates)
         _explain_lstm(lstm)
-        return code
+        if args.json_out:
+            args.json_out.write_bytes(orjson.dumps({
+                "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                "rounds": args.rounds, "batch": BATCH, "rates": rates, "goals": goals,
+                "int8_min_cosine": _figure(int8, "min_cosine")}, option=orjson.OPT_INDENT_2))
+        return 1 if any(not goal["passed"] for goal in goals) else 0
 
 
 def _optimize(source: str, out: Path, *, tokenizer: Path | None = None, graph: bool = False,
@@ -113,7 +122,7 @@ def _figure(outcome: run.Outcome, key: str) -> float:
 
 
 def _verdict(fp32: Path, int8: run.Outcome, graph: run.Outcome, lstm: run.Outcome,
-             rates: dict[str, float]) -> int:
+             rates: dict[str, float]) -> list[dict[str, Any]]:
     lstm_fp32 = lstm.report["steps"][0]["bytes"]
     speed = rates["int8 (graph + int8-dynamic), level=all"] / rates["fp32 export, level=all"]
     fused = rates["graph-optimized fp32, level=all"]
@@ -129,10 +138,11 @@ def _verdict(fp32: Path, int8: run.Outcome, graph: run.Outcome, lstm: run.Outcom
          fused / rates["fp32 export, level=disable"], 1.2, True),
     ]
     print("\ngoals:")
-    missed = 0
+    verdicts = []
     for label, value, goal, at_least in goals:
         ok = value >= goal if at_least else value <= goal
-        missed += not ok
+        verdicts.append({"label": label, "value": value, "goal": goal, "at_least": at_least,
+                         "passed": ok})
         print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.4f} "
               f"({'>=' if at_least else '<='} {goal})")
     print("  (for reference, not a goal) graph-optimized / export at level=basic: "
@@ -141,7 +151,7 @@ def _verdict(fp32: Path, int8: run.Outcome, graph: run.Outcome, lstm: run.Outcom
     print(f"  minilm graph fusions: {graph.report['steps'][1]['fused']}")
     print(f"  INT8 = graph-optimized, then int8-dynamic with per-channel weights "
           f"({int8.report['steps'][2]['format']}); lstm FP32 = the torch export")
-    return 1 if missed else 0
+    return verdicts
 
 
 def _explain_lstm(lstm: run.Outcome) -> None:

@@ -12,22 +12,24 @@ from bench import doc_tables
 pytestmark = pytest.mark.unit
 
 
-def _all_regions() -> list[tuple[str, str, str]]:
-    return [(str(page.relative_to(doc_tables.ROOT)), name, body)
-            for page in doc_tables.PAGES for name, body in doc_tables.regions(page.read_text())]
+def _all_regions() -> list[tuple[str, str, str, str]]:
+    return [(str(page.relative_to(doc_tables.ROOT)), name, file, body)
+            for page in doc_tables.PAGES
+            for name, file, body in doc_tables.regions(page.read_text())]
 
 
 def test_every_generated_table_is_what_its_results_render() -> None:
     found = _all_regions()
-    assert any(page == "README.md" and name == "engine-bound" for page, name, _ in found)
-    stale = [(page, name) for page, name, body in found if doc_tables.render(name) != body]
+    assert any(page == "README.md" and name == "engine-bound" for page, name, _, _ in found)
+    stale = [(page, name) for page, name, _, body in found if doc_tables.render(name) != body]
     assert stale == [], "run `python bench/doc_tables.py` (or the benchmark that writes them)"
 
 
 def test_every_committed_result_feeds_a_table_and_every_table_has_a_renderer() -> None:
-    names = {name for _, name, _ in _all_regions()}
-    assert {p.stem for p in doc_tables.RESULTS.glob("*.json")} == names
-    assert names <= set(doc_tables.RENDERERS)
+    found = _all_regions()
+    assert {p.stem for p in doc_tables.RESULTS.glob("*.json")} == {f for _, _, f, _ in found}
+    for page, name, file, _ in found:
+        assert doc_tables.RENDERERS[name][0] == file, f"{page}: {name} reads {file}.json?"
 
 
 def test_a_changed_figure_changes_the_table() -> None:
