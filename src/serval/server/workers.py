@@ -1,12 +1,14 @@
 """How many serving processes: `--workers N` or `auto`, checked against what the models cost.
 
 More workers pay where a request's cost is HTTP and JSON (each worker parses on its own core);
-they cost where it is the engine: each worker holds its own copy of every model with a share of
-the engine threads, and the requests split between workers form smaller batches. Measured here
-(bench/engine_bound.py, 2 cores, 64 clients): `minilm` (a 5 ms batch-1 call) served fewer items
-with 2 workers than with 1; `mlp` (0.04 ms) served 1.8x more. So before workers start, the
-supervisor loads each model once with all the cores and times one batch-1 call on zeros
-(backends/probe.py): at ENGINE_BOUND_MS or more a model is engine-bound.
+they cost where it is the engine: each worker holds its own copy of every model with 1/N of
+the engine threads, and the requests split between workers form smaller batches. Measured on
+this 2-core box (bench/engine_bound.py and bench/serving.py, one run each): `minilm` (a 5.6 ms
+batch-1 call) with 2 workers answered one client at p50 10.4 ms against 5.6 ms, and 64 clients
+at 0.96 of the engine's ceiling against 0.98; `lstm` (0.6 ms) served 1.17x more with 2 workers,
+`mlp` (0.04 ms) 2.0x. So before workers start, the supervisor loads each model once with all
+the cores and times one batch-1 call on zeros (backends/probe.py): at ENGINE_BOUND_MS or more a
+model is engine-bound.
 
 - `auto`: one worker per usable core where every timed model is HTTP-bound, else one.
 - `N > 1` with an engine-bound model: refused with the reason, unless `--force-workers`.
@@ -71,9 +73,10 @@ def choose_workers(config: ServerConfig, cores: int) -> WorkerChoice:
     if bound and not config.force_workers:
         raise ConfigError(
             f"--workers {requested} would serve {_name_bound(bound)} slower than one worker: "
-            f"each worker gets 1/{requested} of the engine threads and of the batches. Serve "
-            f"engine-bound models with --workers 1 (or auto; --workers is for HTTP-bound "
-            f"models), or pass --force-workers")
+            f"each worker runs a call on 1/{requested} of the engine threads (a request takes "
+            f"longer) and gets 1/{requested} of the load (smaller batches, no more "
+            f"throughput). Serve engine-bound models with --workers 1 (or auto; --workers is "
+            f"for HTTP-bound models), or pass --force-workers")
     return WorkerChoice(int(requested), "checked: no engine-bound model" if not bound else
                         f"--force-workers: {_name_bound(bound)}")
 
