@@ -21,10 +21,15 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from serval.optimize import convert, measure, run, samples
+from bench import servers
+from bench.workloads import infer_requests, model_spec, random_feeds
+from serval.loadtest.closed_loop import run_closed_loop
+from serval.optimize import convert, measure, parity, run, samples
 from serval.optimize.quantize import QuantizeOptions
 
 BATCH = 32
+SERVED_CLIENTS = 64
+WORST_COSINE = 0.97  # no shipped sentence's embedding may move further than this
 
 
 def lstm_module() -> Any:
@@ -47,6 +52,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=1.5, help="per model per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--served-rounds", type=int, default=3)
+    parser.add_argument("--served-seconds", type=float, default=5.0)
     parser.add_argument("--json-out", type=Path, default=None,
                         help="the goals and rates as JSON (docs/results/optimize.json)")
     args = parser.parse_args()
@@ -57,6 +64,8 @@ def main() -> int:
         started = time.perf_counter()
         int8 = _optimize(str(fp32), work / "minilm-int8", tokenizer=tokenizer, graph=True,
                          mode="int8-dynamic")
+        auto = _optimize(str(fp32), work / "minilm-int8-auto", tokenizer=tokenizer, graph=True,
+                         mode="int8-auto", worst_cosine=WORST_COSINE)
         graph = _optimize(str(fp32), work / "minilm-graph", tokenizer=tokenizer, graph=True)
         lstm = _optimize("bench.optimize:lstm_module", work / "lstm-int8", mode="int8-dynamic",
                          inputs=["input_ids:int64:32"], outputs=["probabilities"], items=10_000)
@@ -70,25 +79,76 @@ def main() -> int:
             "graph-optimized fp32, level=all": (graph.model, "all"),
             "int8 (graph + int8-dynamic), level=all": (int8.model, "all"),
         }, feeds, args)
-        goals = _verdict(fp32, int8, graph, lstm, rates)
+        served = _served(args, fp32, auto.model, work)
+        goals = _verdict(fp32, int8, graph, lstm, rates) + _auto_verdict(auto, served)
         _explain_lstm(lstm)
         if args.json_out:
             args.json_out.write_bytes(orjson.dumps({
                 "cpu": platform.processor() or platform.machine(), "threads": args.threads,
                 "rounds": args.rounds, "batch": BATCH, "rates": rates, "goals": goals,
-                "int8_min_cosine": _figure(int8, "min_cosine")}, option=orjson.OPT_INDENT_2))
+                "int8_min_cosine": _figure(int8, "min_cosine"), "served": served,
+                "auto_recipes": auto.report["steps"][-1]["search"]},
+                option=orjson.OPT_INDENT_2))
         return 1 if any(not goal["passed"] for goal in goals) else 0
 
 
 def _optimize(source: str, out: Path, *, tokenizer: Path | None = None, graph: bool = False,
               mode: str | None = None, inputs: list[str] | None = None,
-              outputs: list[str] | None = None, items: int = 256) -> run.Outcome:
+              outputs: list[str] | None = None, items: int = 256,
+              worst_cosine: float | None = None) -> run.Outcome:
     request = run.Request(
         source=source, out=out, inputs=[convert.parse_input(i) for i in inputs or []],
         output_names=outputs or [], optimize_graph=graph,
         quantize=QuantizeOptions(mode) if mode else None, text_tokenizer=tokenizer,
-        parity_items=items, measure=False)
+        parity_items=items, measure=False,
+        thresholds=parity.Thresholds(worst_cosine=worst_cosine))
     return run.run(request)
+
+
+def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path) -> dict[str, Any]:
+    """FP32 and the int8-auto model served by one Serval (binary REST, one item per request,
+    64 clients), in interleaved rounds; the median items/s of each."""
+    repository = work / "served"
+    for name, path in (("minilm", fp32), ("minilm-int8", int8)):
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.onnx").symlink_to(path.resolve())
+    spec = model_spec(fp32)
+    port = servers.free_port()
+    rates: dict[str, list[float]] = {"minilm": [], "minilm-int8": []}
+    with servers.running(servers.serval_command(repository, port, 1, 0), port,
+                         "/v2/health/ready", work / "serval.log"):
+        for _ in range(args.served_rounds):
+            for name, rates_of in rates.items():
+                requests = infer_requests(name, random_feeds(spec, 1, 16, seed=0), True,
+                                          servers.HOST)
+                step = run_closed_loop(servers.HOST, port, requests, SERVED_CLIENTS,
+                                       args.served_seconds)
+                rates_of.append(step.throughput_rps)
+    medians = {name: float(np.median(values)) for name, values in rates.items()}
+    print(f"\nminilm served at {SERVED_CLIENTS} clients (binary REST, median of "
+          f"{args.served_rounds} interleaved rounds): FP32 {medians['minilm']:.1f}, int8-auto "
+          f"{medians['minilm-int8']:.1f} items/s")
+    return {"clients": SERVED_CLIENTS, "items_per_s": medians, "rounds": rates}
+
+
+def _auto_verdict(auto: run.Outcome, served: dict[str, Any]) -> list[dict[str, Any]]:
+    rates = served["items_per_s"]
+    goals = [
+        ("minilm int8-auto served / FP32 served at 64 clients",
+         rates["minilm-int8"] / rates["minilm"], 1.8, True),
+        ("minilm int8-auto mean cosine on the shipped sentences",
+         _figure(auto, "mean_cosine"), 0.99, True),
+        ("minilm int8-auto worst sentence's cosine", _figure(auto, "min_cosine"),
+         WORST_COSINE, True),
+    ]
+    print(f"  int8-auto chose: {auto.report['steps'][-1]['recipe']}")
+    verdicts = []
+    for label, value, goal, at_least in goals:
+        ok = value >= goal
+        verdicts.append({"label": label, "value": value, "goal": goal, "at_least": at_least,
+                         "passed": ok})
+        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.4f} (>= {goal})")
+    return verdicts
 
 
 def _interleaved(models: dict[str, tuple[Path, str]], feeds: samples.Feeds,

@@ -94,7 +94,7 @@ def test_a_parity_failure_exits_1_and_publishes_nothing(tmp_path: Path) -> None:
     (["tests.optimize_models:tiny_mlp", "--input", "x:float33:16"], "--input 'x:float33:16'"),
     (["tests.optimize_models:tiny_mlp"], "needs its inputs declared"),
     (["tests.optimize_models:tiny_mlp", "--input", "x:float32:16", "--quantize", "int4"],
-     "--quantize 'int4': expected one of int8-dynamic, int8-static, fp16"),
+     "--quantize 'int4': expected one of int8-auto, int8-dynamic, int8-static, fp16"),
     (["model.onnx", "--publish", "repo"], "--publish needs --model NAME"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], reason: str) -> None:

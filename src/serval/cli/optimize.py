@@ -10,7 +10,8 @@ from rich.console import Console
 from serval.cli.command import fail
 from serval.errors import ConfigError
 
-MODES = ("int8-dynamic", "int8-static", "fp16")  # quantize.MODES, without importing onnx here
+# quantize.MODES and search.AUTO, without importing onnx here
+MODES = ("int8-auto", "int8-dynamic", "int8-static", "fp16")
 SOURCE_HELP = ("A .onnx file, a TorchScript file (.pt), a pickled scikit-learn model (.pkl, "
                ".joblib) or module:factory returning a torch nn.Module.")
 
@@ -26,7 +27,8 @@ def optimize_command(
                                              "for BERT-like models)."),
     num_heads: int = typer.Option(0, help="Attention heads (default: read from the graph)."),
     hidden_size: int = typer.Option(0, help="Hidden size (default: read from the graph)."),
-    quantize: str = typer.Option(None, "--quantize", help="int8-dynamic | int8-static | fp16"),
+    quantize: str = typer.Option(None, "--quantize", help="int8-auto (the fastest INT8 recipe "
+                                 "that passes the gate) | int8-dynamic | int8-static | fp16"),
     per_channel: bool = typer.Option(True, help="INT8 weights with one scale per output "
                                      "channel (default); --no-per-channel: one per tensor."),
     exclude_nodes: list[str] = typer.Option([], "--exclude-node",
@@ -42,6 +44,7 @@ def optimize_command(
     parity_items: int = typer.Option(256, help="Random parity inputs when no samples given."),
     sequence: int = typer.Option(32, help="Length of free (non-batch) axes in generated inputs."),
     min_cosine: float = typer.Option(0.99, help="Parity gate: mean cosine per output row."),
+    worst_cosine: float = typer.Option(None, help="Parity gate: the lowest row's cosine."),
     min_top1: float = typer.Option(0.99, help="Parity gate: top-1 agreement (classifiers)."),
     max_abs: float = typer.Option(None, help="Parity gate: max absolute error."),
     max_sum_error: float = typer.Option(0.01, help="Parity gate: probability rows sum to 1."),
@@ -70,7 +73,8 @@ def optimize_command(
             if quantize else None,
             calibration=calibration, samples=samples, text_tokenizer=text_tokenizer,
             parity_items=parity_items, sequence=sequence,
-            thresholds=parity.Thresholds(min_cosine, min_top1, max_abs, max_sum_error),
+            thresholds=parity.Thresholds(min_cosine, min_top1, max_abs, max_sum_error,
+                                         worst_cosine),
             measure=measure)
         console = Console(stderr=True)
         with console.status("serval optimize") as status:

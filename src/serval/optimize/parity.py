@@ -19,6 +19,7 @@ class Thresholds:
     min_top1: float | None = 0.99
     max_abs: float | None = None
     max_softmax_sum_error: float | None = 1e-2
+    worst_cosine: float | None = None  # the lowest row's cosine (off unless asked for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,9 @@ def check(o: OutputParity, t: Thresholds) -> list[str]:
     if t.min_cosine is not None and o.mean_cosine is not None and o.mean_cosine < t.min_cosine:
         failures.append(f"output '{o.name}': mean cosine {o.mean_cosine:.4f} < "
                         f"--min-cosine {t.min_cosine}")
+    if t.worst_cosine is not None and o.min_cosine is not None and o.min_cosine < t.worst_cosine:
+        failures.append(f"output '{o.name}': worst row cosine {o.min_cosine:.4f} < "
+                        f"--worst-cosine {t.worst_cosine}")
     gate_top1 = o.max_softmax_sum_error is not None or o.mean_cosine is None
     if (t.min_top1 is not None and gate_top1 and o.top1_agreement is not None
             and o.top1_agreement < t.min_top1):

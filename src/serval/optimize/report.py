@@ -27,6 +27,14 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"  - {failure}" for failure in parity["failures"]]
     lines += ["", "## Steps", "", "| step | details |", "|---|---|"]
     lines += [f"| {s['step']} | {_details(s)} |" for s in report["steps"]]
+    for step in report["steps"]:
+        if step.get("search"):
+            lines += ["", "## INT8 recipes tried (fastest passing chosen)", "",
+                      "| recipe | nodes kept FP32 | mean cos | worst cos | items/s, batch 32 "
+                      "| parity |", "|---|---|---|---|---|---|"]
+            lines += [f"| {t['recipe']} | {t['kept_fp32']} | {_fmt(t['mean_cosine'], '.4f')} | "
+                      f"{_fmt(t['worst_cosine'], '.4f')} | {_fmt(t['items_per_s'], ',.0f')} | "
+                      f"{'pass' if t['passed'] else 'fail'} |" for t in step["search"]]
     lines += ["", "## Parity", "",
               "| output | items | max abs | max rel | mean cos | min cos | top-1 | sum err "
               "| NaN/Inf |", "|---|---|---|---|---|---|---|---|---|"]
@@ -36,8 +44,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _details(step: dict[str, Any]) -> str:
-    shown = {k: v for k, v in step.items() if k != "step" and v not in ({}, [], (), "")}
-    return ", ".join(f"{k}: {v}" for k, v in shown.items())
+    shown = {k: v for k, v in step.items()
+             if k not in ("step", "search") and v not in ({}, [], (), "")}
+    return ", ".join(f"{k}: {_short(v)}" for k, v in shown.items())
+
+
+def _short(value: Any) -> Any:
+    """Long node lists as a count (report.json keeps every name)."""
+    return f"{len(value)} nodes" if isinstance(value, list | tuple) and len(value) > 3 else value
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from serval.optimize import convert, graph, measure, parity, quantize, report, samples
+from serval.optimize import convert, graph, measure, parity, quantize, report, samples, search
 from serval.optimize.samples import DEFAULT_SEQUENCE, Feeds, InputSpec
 
 PARITY_CHUNK = 256
@@ -75,7 +75,19 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
                                           hidden_size=request.hidden_size)
             steps.append({"step": "optimize-graph", **asdict(result)})
             current = work / "graph.onnx"
-        if request.quantize:
+        feeds, inputs_kind = _parity_inputs(request, specs)
+        if request.quantize and request.quantize.mode == search.AUTO:
+            progress("quantizing (int8-auto: trying recipes)")
+            chosen, trials = search.search(
+                current, work, request.quantize,
+                lambda path: _verify(converted.reference, path, feeds, request.thresholds),
+                lambda path: measure.measure(path, feeds, duration_s=request.measure_duration_s,
+                                             threads=request.threads).throughput_items_per_s)
+            steps.append({"step": "quantize", **asdict(chosen.result), "mode": search.AUTO,
+                          "recipe": chosen.candidate.name,
+                          "search": [trial.as_dict() for trial in trials]})
+            current = chosen.path
+        elif request.quantize:
             progress(f"quantizing ({request.quantize.mode})")
             calibration, calibration_kind = _calibration(request, specs)
             quantized = quantize.quantize(current, work / "quantized.onnx", request.quantize,
@@ -86,7 +98,6 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
         final = request.out / "model.onnx"
         shutil.copyfile(current, final)
         progress("verifying parity")
-        feeds, inputs_kind = _parity_inputs(request, specs)
         checked = _verify(converted.reference, final, feeds, request.thresholds)
         cost = _measure(request, converted.path, final, feeds, progress)
     doc = {

@@ -70,3 +70,16 @@ def test_label_outputs_compare_by_agreement_and_shapes_must_match() -> None:
     assert result.outputs[0].top1_agreement == pytest.approx(0.9)
     assert any("label" in f and "top-1" in f for f in result.failures)
     assert any("shape (10, 3) != original (10, 2)" in f for f in result.failures)
+
+
+def test_the_worst_row_gate_fails_one_bad_row_the_mean_forgives() -> None:
+    rng = np.random.default_rng(4)
+    embeddings = rng.standard_normal((300, 16)).astype(np.float32)
+    moved = embeddings.copy()
+    moved[7] = rng.standard_normal(16)  # one row far off; the other 299 exact
+    forgiving = compare({"e": embeddings}, {"e": moved}, Thresholds(min_cosine=0.99))
+    assert forgiving.passed and forgiving.outputs[0].min_cosine is not None
+    strict = compare({"e": embeddings}, {"e": moved},
+                     Thresholds(min_cosine=0.99, worst_cosine=0.97))
+    assert strict.failures == [f"output 'e': worst row cosine "
+                               f"{strict.outputs[0].min_cosine:.4f} < --worst-cosine 0.97"]

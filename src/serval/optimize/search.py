@@ -1,0 +1,90 @@
+"""`--quantize int8-auto`: the INT8 recipe chosen by measured parity and speed.
+
+Dynamic INT8 with per-channel weights is the fastest recipe on CPUs without VNNI (measured on
+`minilm`: ~2x FP32 at batch 32, where static QDQ gained ~1.6x), but on short inputs it can move
+a few rows too far: `minilm`'s worst shipped sentence ("Ok.") fell to cosine 0.96. What costs
+accuracy is where the activations have outliers: the embedding lookups and the down-projections
+(a MatMul from a wider to a narrower width, e.g. a transformer's second feed-forward layer).
+So the candidates keep progressively more of those in FP32, from none to all; each is
+quantized, checked against the original on the parity data, and timed; the fastest that passes
+the gate wins (none passing: the most accurate, reported as failing, never published).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from serval.optimize.deps import require
+from serval.optimize.parity import ParityResult
+from serval.optimize.quantize import QuantizeOptions, QuantizeResult, quantize
+
+AUTO = "int8-auto"
+EMBEDDING_OPS = ("Gather", "EmbedLayerNormalization")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One recipe: dynamic INT8 with these nodes kept in FP32."""
+
+    name: str
+    kept: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    candidate: Candidate
+    path: Path
+    result: QuantizeResult
+    parity: ParityResult
+    items_per_s: float | None  # timed only when parity holds
+
+    def as_dict(self) -> dict[str, Any]:
+        figures = self.parity.outputs
+        return {"recipe": self.candidate.name, "kept_fp32": len(self.candidate.kept),
+                "passed": self.parity.passed,
+                "mean_cosine": min((o.mean_cosine for o in figures
+                                    if o.mean_cosine is not None), default=None),
+                "worst_cosine": min((o.min_cosine for o in figures
+                                     if o.min_cosine is not None), default=None),
+                "items_per_s": self.items_per_s}
+
+
+def candidates(source: Path) -> list[Candidate]:
+    """From every node quantized to embeddings and every down-projection kept FP32."""
+    model = require("onnx").load(str(source))
+    weights = {w.name: tuple(w.dims) for w in model.graph.initializer}
+    embeddings = tuple(n.name for n in model.graph.node if n.op_type in EMBEDDING_OPS)
+    down = [n.name for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1
+            and len(weights.get(n.input[1], ())) == 2
+            and weights[n.input[1]][0] > weights[n.input[1]][1]]
+    found = [Candidate("every node INT8", ())]
+    if embeddings:
+        found.append(Candidate("embeddings FP32", embeddings))
+    for count in sorted({math.ceil(len(down) * share) for share in (1 / 3, 1 / 2, 1)} - {0}):
+        found.append(Candidate(f"embeddings and {count} of {len(down)} down-projections FP32",
+                               embeddings + tuple(down[:count])))
+    return found
+
+
+def search(source: Path, work: Path, base: QuantizeOptions,
+           verify: Callable[[Path], ParityResult],
+           time_it: Callable[[Path], float]) -> tuple[Trial, list[Trial]]:
+    """Every candidate quantized, verified and (when it passes) timed; the chosen trial and
+    all of them. `base` carries the user's per-channel and exclusions."""
+    trials = []
+    for index, candidate in enumerate(candidates(source)):
+        path = work / f"int8-auto-{index}.onnx"
+        options = QuantizeOptions("int8-dynamic", base.per_channel,
+                                  tuple(dict.fromkeys((*base.exclude_nodes, *candidate.kept))),
+                                  base.exclude_ops, base.keep_io_types, base.reduce_range)
+        result = quantize(source, path, options)
+        checked = verify(path)
+        trials.append(Trial(candidate, path, result, checked,
+                            time_it(path) if checked.passed else None))
+    passing = [t for t in trials if t.items_per_s is not None]
+    chosen = max(passing, key=lambda t: t.items_per_s or 0.0) if passing else trials[-1]
+    return chosen, trials

@@ -1,0 +1,98 @@
+"""`--quantize int8-auto`: the recipes tried (embeddings and down-projections kept FP32 step by
+step), each verified for real, the fastest passing one chosen; none passing is reported."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from serval.optimize import report, run, search
+from serval.optimize.parity import ParityResult, Thresholds
+from serval.optimize.quantize import QuantizeOptions
+from tests.optimize_models import tiny_bert
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_bert(tmp_path_factory.mktemp("bert") / "bert.onnx")
+
+
+def _weights(path: Path) -> dict[str, tuple[int, ...]]:
+    return {w.name: tuple(w.dims) for w in onnx.load(str(path)).graph.initializer}
+
+
+def test_the_recipes_keep_embeddings_then_more_and_more_down_projections(bert: Path) -> None:
+    found = search.candidates(bert)
+    nodes = {n.name: n for n in onnx.load(str(bert)).graph.node}
+    weights = _weights(bert)
+    assert [c.name for c in found] == [
+        "every node INT8", "embeddings FP32", "embeddings and 1 of 2 down-projections FP32",
+        "embeddings and 2 of 2 down-projections FP32"]
+    assert found[0].kept == ()
+    embeddings = found[1].kept
+    assert embeddings and {nodes[n].op_type for n in embeddings} == {"Gather"}
+    for shorter, longer in itertools.pairwise(found):
+        assert set(shorter.kept) < set(longer.kept)
+    down = [n for n in found[-1].kept if n not in embeddings]
+    assert len(down) == 2
+    for name in down:  # a MatMul from the wider width (128) to the narrower (64)
+        assert nodes[name].op_type == "MatMul"
+        assert weights[nodes[name].input[1]] == (128, 64)
+
+
+def _search(bert: Path, work: Path, thresholds: Thresholds,
+            speeds: list[float]) -> tuple[search.Trial, list[search.Trial]]:
+    feeds = {"input_ids": np.random.default_rng(0).integers(1, 500, (64, 16)),
+             "attention_mask": np.ones((64, 16), dtype=np.int64)}
+    reference = run.convert.convert(str(bert), work / "reference.onnx", [], []).reference
+    paths: list[Path] = []
+
+    def time_it(path: Path) -> float:  # the choice is the point here: figures in a known order
+        paths.append(path)
+        return speeds[len(paths) - 1]
+
+    def verify(path: Path) -> ParityResult:
+        return run._verify(reference, path, feeds, thresholds)
+
+    return search.search(bert, work, QuantizeOptions(search.AUTO), verify, time_it)
+
+
+def test_the_fastest_recipe_that_passes_is_chosen(bert: Path, tmp_path: Path) -> None:
+    chosen, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None),
+                             [100.0, 300.0, 200.0, 50.0])
+    assert [t.parity.passed for t in trials] == [True] * 4
+    assert chosen is trials[1] and chosen.items_per_s == 300.0
+    assert chosen.result.excluded_nodes == chosen.candidate.kept
+    assert chosen.path.is_file()
+
+
+def test_when_no_recipe_passes_the_most_accurate_is_reported_failing(
+        bert: Path, tmp_path: Path) -> None:
+    chosen, trials = _search(bert, tmp_path, Thresholds(max_abs=0.0), [])  # INT8 never exact
+    assert not any(t.parity.passed for t in trials)
+    assert all(t.items_per_s is None for t in trials)  # nothing timed that cannot be used
+    assert chosen is trials[-1]
+    assert "max abs error" in chosen.parity.failures[0]
+
+
+def test_the_run_reports_every_recipe_and_publishes_the_chosen_one(bert: Path,
+                                                                   tmp_path: Path) -> None:
+    request = run.Request(source=str(bert), out=tmp_path / "out",
+                          quantize=QuantizeOptions(search.AUTO), parity_items=64, sequence=16,
+                          thresholds=Thresholds(min_top1=None), measure_duration_s=0.2,
+                          threads=1)
+    outcome = run.run(request)
+    step = outcome.report["steps"][-1]
+    assert outcome.passed and step["mode"] == "int8-auto"
+    assert len(step["search"]) == 4 and step["recipe"] in [t["recipe"] for t in step["search"]]
+    assert all(t["items_per_s"] > 0 for t in step["search"] if t["passed"])
+    page = report.markdown(outcome.report)
+    assert "## INT8 recipes tried (fastest passing chosen)" in page
+    assert f"| {step['recipe']} |" in page
+    assert not list((tmp_path / "out").glob("int8-auto-*"))  # trials stay in the work folder
