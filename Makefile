@@ -56,13 +56,15 @@ test: setup models
 unit: setup
 	$(PY) -m pytest -m unit
 
-# Writes docs/results/serving.json (docs/measure.md's table is rendered from it at the end).
+# Writes docs/results/serving.json and openvino.json; the docs' tables are re-rendered at the end.
 bench: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/serving.py --repository $(MODELS) \
 		--json-out docs/results/serving.json
 	HF_HUB_OFFLINE=1 $(PY) bench/pipeline.py --repository $(MODELS)
 	HF_HUB_OFFLINE=1 $(PY) bench/torch_backend.py
 	HF_HUB_OFFLINE=1 $(PY) bench/measure.py --repository $(MODELS)
+	HF_HUB_OFFLINE=1 $(PY) bench/openvino_vs_ort.py --repository $(MODELS) \
+		--json-out docs/results/openvino.json
 	$(PY) bench/doc_tables.py
 
 # The many-models and hot-swap benchmarks (minutes; the first writes ~4 GB of models to /tmp).

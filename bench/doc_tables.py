@@ -98,6 +98,15 @@ def serving_ratios(results: dict[str, Any]) -> str:
     return "".join(f"- {line}\n" for line in results["ratios"])
 
 
+def _cpu(results: dict[str, Any]) -> str:
+    """The run's CPU and the SIMD flags that INT8 and BF16 speed depend on."""
+    cpu = results.get("cpu")
+    if not isinstance(cpu, dict):
+        return ""
+    return (f"\nCPU of this run: {cpu['model'] or 'unknown'}, "
+            f"{', '.join(cpu['simd']) or 'no AVX2'}.\n")
+
+
 def optimize(results: dict[str, Any]) -> str:
     """bench/optimize.py: each goal of `serval optimize` with its figure from one run."""
     lines = ["| goal | measured | |", "|---|---|---|"]
@@ -107,12 +116,24 @@ def optimize(results: dict[str, Any]) -> str:
                      f"{'PASS' if goal['passed'] else 'MISS'} |")
     lines.append(f"| (minilm INT8 minimum cosine, for reference) | "
                  f"{results['int8_min_cosine']:.4f} | |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _cpu(results)
+
+
+def openvino(results: dict[str, Any]) -> str:
+    """bench/openvino_vs_ort.py: OpenVINO's items/s over ONNX Runtime's, per model and batch."""
+    batches = list(next(iter(results["items_per_s"].values())))
+    lines = ["| model | " + " | ".join(f"batch {b}" for b in batches) + " |",
+             "|---|" + "---|" * len(batches)]
+    for model, by_batch in results["items_per_s"].items():
+        cells = [f"{by_batch[b]['ov'] / by_batch[b]['ort']:.2f}" for b in batches]
+        lines.append(f"| `{model}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" + _cpu(results)
 
 
 # table name -> (the results file it reads, docs/results/<file>.json; its renderer)
 RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "optimize": ("optimize", optimize),
+    "openvino": ("openvino", openvino),
     "engine-bound": ("engine-bound", engine_bound),
     "serving": ("serving", serving),
     "serving-ratios": ("serving", serving_ratios),

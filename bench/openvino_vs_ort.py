@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import openvino as ov
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import procs
 from bench.workloads import model_file, model_spec, random_feeds
 
 Run = Callable[[dict[str, np.ndarray]], object]
@@ -28,8 +30,11 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,lstm,minilm")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="items/s per model, batch and engine (docs/results/openvino.json)")
     args = parser.parse_args()
     print(f"{'model':8} {'batch':>5} {'ORT items/s':>12} {'OpenVINO items/s':>17} {'OV/ORT':>7}")
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for model in args.models.split(","):
         path = model_file(args.repository, model)
         engines = {"ort": _ort(path, args.threads), "ov": _openvino(path, args.threads)}
@@ -37,8 +42,13 @@ def main() -> None:
             feed = random_feeds(model_spec(path), batch=batch, count=1, seed=0)[0]
             rates = {name: batch * _runs_per_s(run, feed, args.seconds)
                      for name, run in engines.items()}
+            out.setdefault(model, {})[str(batch)] = rates
             print(f"{model:8} {batch:>5} {rates['ort']:>12,.0f} {rates['ov']:>17,.0f} "
                   f"{rates['ov'] / rates['ort']:>7.2f}")
+    if args.json_out:
+        args.json_out.write_bytes(orjson.dumps({"cpu": procs.cpu_features(),
+                                                "threads": args.threads, "items_per_s": out},
+                                               option=orjson.OPT_INDENT_2))
 
 
 def _ort(path: Path, threads: int) -> Run:
@@ -50,8 +60,11 @@ def _ort(path: Path, threads: int) -> Run:
 
 
 def _openvino(path: Path, threads: int) -> Run:
+    # as Serval's openvino backend compiles: the model's own precision (OpenVINO would pick
+    # BF16 by itself on CPUs that have it)
     compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                           "PERFORMANCE_HINT": "LATENCY"})
+                                                           "PERFORMANCE_HINT": "LATENCY",
+                                                           "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
     return lambda feed: request.infer(feed)
 

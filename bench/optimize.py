@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import servers
+from bench import procs, servers
 from bench.workloads import infer_requests, model_spec, random_feeds
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.optimize import convert, measure, parity, run, samples
@@ -84,7 +83,7 @@ def main() -> int:
         _explain_lstm(lstm)
         if args.json_out:
             args.json_out.write_bytes(orjson.dumps({
-                "cpu": platform.processor() or platform.machine(), "threads": args.threads,
+                "cpu": procs.cpu_features(), "threads": args.threads,
                 "rounds": args.rounds, "batch": BATCH, "rates": rates, "goals": goals,
                 "int8_min_cosine": _figure(int8, "min_cosine"), "served": served,
                 "auto_recipes": auto.report["steps"][-1]["search"]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from pathlib import Path
@@ -74,3 +75,21 @@ def server_pid(port: int) -> int:
         if b"serve\0" in cmdline and needle in cmdline and b"spawn_main" not in cmdline:
             return int(entry.name)
     raise LookupError(f"no serval serve process for port {port}")
+
+
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+def cpu_features() -> dict[str, object]:
+    """The CPU's model name and the SIMD flags INT8 and BF16 speed turns on (/proc/cpuinfo):
+    a benchmark's INT8 ratio means little without them."""
+    model, flags = "", set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    return {"model": model, "simd": [flag for flag in SIMD_FLAGS if flag in flags]}

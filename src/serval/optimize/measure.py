@@ -61,6 +61,20 @@ def measure(path: Path, feeds: Feeds, *, duration_s: float = 2.0, threads: int |
         threads=threads, graph_optimization_level=level)
 
 
+def interleaved_throughput(paths: list[Path], feeds: Feeds, *, threads: int | None = None,
+                           rounds: int = 5, round_s: float = 0.4) -> list[float]:
+    """Batch-32 items/s of each model, the median of `rounds` rounds that visit every model in
+    turn: a busy or drifting machine then slows all of them alike, and models that differ by a
+    few percent are still told apart."""
+    sessions = [serving_session(path, threads or os.cpu_count() or 1) for path in paths]
+    batch = _batch(feeds, THROUGHPUT_BATCH)
+    per_model: list[list[float]] = [[] for _ in paths]
+    for _ in range(rounds):
+        for session, rates in zip(sessions, per_model, strict=True):
+            rates.append(THROUGHPUT_BATCH / float(np.median(_timed(session, batch, round_s))))
+    return [float(np.median(rates)) for rates in per_model]
+
+
 def _batch(feeds: Feeds, size: int) -> Feeds:
     index = np.arange(size) % rows(feeds)
     return take(feeds, index)

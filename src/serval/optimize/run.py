@@ -81,8 +81,8 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
             chosen, trials = search.search(
                 current, work, request.quantize,
                 lambda path: _verify(converted.reference, path, feeds, request.thresholds),
-                lambda path: measure.measure(path, feeds, duration_s=request.measure_duration_s,
-                                             threads=request.threads).throughput_items_per_s)
+                lambda paths: measure.interleaved_throughput(paths, feeds,
+                                                             threads=request.threads))
             steps.append({"step": "quantize", **asdict(chosen.result), "mode": search.AUTO,
                           "recipe": chosen.candidate.name,
                           "search": [trial.as_dict() for trial in trials]})

@@ -6,8 +6,9 @@ a few rows too far: `minilm`'s worst shipped sentence ("Ok.") fell to cosine 0.9
 accuracy is where the activations have outliers: the embedding lookups and the down-projections
 (a MatMul from a wider to a narrower width, e.g. a transformer's second feed-forward layer).
 So the candidates keep progressively more of those in FP32, from none to all; each is
-quantized, checked against the original on the parity data, and timed; the fastest that passes
-the gate wins (none passing: the most accurate, reported as failing, never published).
+quantized and checked against the original on the parity data; those that pass are timed in
+interleaved rounds, and the fastest wins (within 5% of it, the one with the fewest FP32 nodes;
+none passing: the most accurate, reported as failing, never published).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from serval.optimize.parity import ParityResult
 from serval.optimize.quantize import QuantizeOptions, QuantizeResult, quantize
 
 AUTO = "int8-auto"
+TIE = 0.05  # timings this close are one speed on a shared machine
 EMBEDDING_OPS = ("Gather", "EmbedLayerNormalization")
 
 
@@ -72,19 +74,30 @@ def candidates(source: Path) -> list[Candidate]:
 
 def search(source: Path, work: Path, base: QuantizeOptions,
            verify: Callable[[Path], ParityResult],
-           time_it: Callable[[Path], float]) -> tuple[Trial, list[Trial]]:
-    """Every candidate quantized, verified and (when it passes) timed; the chosen trial and
-    all of them. `base` carries the user's per-channel and exclusions."""
-    trials = []
+           time_all: Callable[[list[Path]], list[float]]) -> tuple[Trial, list[Trial]]:
+    """Every candidate quantized and verified; those that pass timed together (`time_all`:
+    items/s per path, in interleaved rounds); the chosen trial and all of them. `base` carries
+    the user's per-channel and exclusions."""
+    made = []
     for index, candidate in enumerate(candidates(source)):
         path = work / f"int8-auto-{index}.onnx"
         options = QuantizeOptions("int8-dynamic", base.per_channel,
                                   tuple(dict.fromkeys((*base.exclude_nodes, *candidate.kept))),
                                   base.exclude_ops, base.keep_io_types, base.reduce_range)
-        result = quantize(source, path, options)
-        checked = verify(path)
-        trials.append(Trial(candidate, path, result, checked,
-                            time_it(path) if checked.passed else None))
+        made.append((candidate, path, quantize(source, path, options), verify(path)))
+    passing = [path for _, path, _, checked in made if checked.passed]
+    speeds = dict(zip(passing, time_all(passing), strict=True)) if passing else {}
+    trials = [Trial(candidate, path, result, checked, speeds.get(path))
+              for candidate, path, result, checked in made]
+    return choose(trials), trials
+
+
+def choose(trials: list[Trial]) -> Trial:
+    """The fastest passing trial; within TIE of it, the one with the fewest nodes kept in FP32
+    (the smaller file, and what the recipes' order predicts is fastest). None passing: the
+    most accurate, the last."""
     passing = [t for t in trials if t.items_per_s is not None]
-    chosen = max(passing, key=lambda t: t.items_per_s or 0.0) if passing else trials[-1]
-    return chosen, trials
+    if not passing:
+        return trials[-1]
+    best = max(t.items_per_s or 0.0 for t in passing)
+    return next(t for t in passing if (t.items_per_s or 0.0) >= best * (1 - TIE))
