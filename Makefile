@@ -10,7 +10,8 @@ HOST   ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 
-.PHONY: setup models serve test unit bench bench-models bench-engine bench-optimize lint proto clean
+.PHONY: setup models serve test unit bench bench-models bench-engine bench-cluster bench-optimize \
+	lint proto clean
 
 setup: $(STAMP)
 
@@ -78,6 +79,13 @@ bench-models: setup models
 bench-engine: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/engine_bound.py --repository $(MODELS) \
 		--json-out docs/results/engine-bound.json
+	$(PY) bench/doc_tables.py
+
+# Scale-out: nodes behind HAProxy (efficiency, locality, node loss, rolling publish) and the Ray
+# Serve path at the same CPU (~20 minutes); writes docs/results/cluster.json and docs/cluster.md's
+# table made from it.
+bench-cluster: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/cluster.py --ray --json-out docs/results/cluster.json
 	$(PY) bench/doc_tables.py
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.

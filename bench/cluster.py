@@ -106,6 +106,13 @@ def main() -> None:
     print("\n== verdicts ==")
     for line in verdicts:
         print(line)
+    if args.json_out:
+        args.json_out.write_bytes(orjson.dumps({
+            "cpu": procs.cpu_features(), "nodes": args.nodes, "node_cpus": args.node_cpus,
+            "clients": args.clients, "duration_s": args.duration, "repeats": args.repeats,
+            "models": args.models, "parts": sorted(args.only), "ray": args.ray,
+            "verdicts": [{"passed": line.startswith("PASS"), "text": line.split(": ", 1)[1]}
+                         for line in verdicts]}, option=orjson.OPT_INDENT_2))
 
 
 def _parse_args() -> argparse.Namespace:
@@ -130,6 +137,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--node-arg", action="append", default=[],
                         help="one more `serve` flag for every node (repeat: --node-arg=--x)")
     parser.add_argument("--efficiency-models", default="mlp,lstm")
+    parser.add_argument("--json-out", type=Path, default=None,
+                        help="the verdicts as JSON (docs/results/cluster.json)")
     args = parser.parse_args()
     args.only = {p.strip() for p in args.only.split(",") if p.strip()}
     if unknown := args.only - set(PARTS):

@@ -130,10 +130,23 @@ def openvino(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + _cpu(results)
 
 
+def cluster(results: dict[str, Any]) -> str:
+    """bench/cluster.py: each verdict it printed, measured figures in its own words."""
+    lines = ["| measured against its goal | |", "|---|---|"]
+    lines += [f"| {v['text'].replace('|', '/')} | {'pass' if v['passed'] else 'miss'} |"
+              for v in results["verdicts"]]
+    setup = (f"\n{results['nodes']} nodes at {results['node_cpus']:g} CPU each, "
+             f"{results['clients']} clients, the median of {results['repeats']} runs of "
+             f"{results['duration_s']:g} s per figure, {results['models']:,} models in the "
+             f"locality part.\n")
+    return "\n".join(lines) + "\n" + setup + _cpu(results)
+
+
 # table name -> (the results file it reads, docs/results/<file>.json; its renderer)
 RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
     "optimize": ("optimize", optimize),
     "openvino": ("openvino", openvino),
+    "cluster": ("cluster", cluster),
     "engine-bound": ("engine-bound", engine_bound),
     "serving": ("serving", serving),
     "serving-ratios": ("serving", serving_ratios),
