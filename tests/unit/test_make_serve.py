@@ -85,3 +85,22 @@ def test_make_serve_says_where_it_listens_and_takes_both_ports() -> None:
     assert "second terminal" in said and ".venv/bin/activate" in said
     assert re.search(r"serval serve .*--http-port 9100 .*--grpc-port 9101", said.replace(
         "\\\n", " "), re.S)
+
+
+def test_every_extra_the_project_names_exists() -> None:
+    """`pip install 'serval-server[X]'` in a message or a page, `EXTRAS=X` for the image: each
+    X is an extra of pyproject.toml (a renamed extra leaves none behind)."""
+    declared = set(metadata.metadata("serval-server").get_all("Provides-Extra") or [])
+    named: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"), *(ROOT / "src").rglob("*.py"),
+                 *(ROOT / "deploy").rglob("*[a-z]"), ROOT / "Makefile"]:
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        for found in re.findall(r"serval-server\[([a-z0-9,{}]+)\]|EXTRAS=([a-z0-9,]+)", text):
+            for extra in filter(None, ",".join(found).split(",")):
+                named.setdefault(extra, set()).add(str(path.relative_to(ROOT)))
+    assert named, "the pattern found nothing: the test would pass on any tree"
+    unknown = {extra: sorted(where) for extra, where in named.items()
+               if extra not in declared and not extra.startswith("{")}
+    assert unknown == {}
