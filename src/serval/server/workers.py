@@ -5,10 +5,10 @@ they cost where it is the engine: each worker holds its own copy of every model 
 the engine threads, and the requests split between workers form smaller batches. Measured on
 this 2-core box (bench/engine_bound.py and bench/serving.py, one run each): `minilm` (a 5.6 ms
 batch-1 call) with 2 workers answered one client at p50 10.4 ms against 5.6 ms, and 64 clients
-at 0.96 of the engine's ceiling against 0.98; `lstm` (0.6 ms) served 1.17x more with 2 workers,
-`mlp` (0.04 ms) 2.0x. So before workers start, the supervisor loads each model once with all
-the cores and times one batch-1 call on zeros (backends/probe.py): at ENGINE_BOUND_MS or more a
-model is engine-bound.
+at 0.96 of the engine's ceiling against 0.98; `lstm` (0.6 ms) went from 0.65 to 0.76 of its
+ceiling with 2 workers, `mlp` (0.04 ms) to 2.0x. So before workers start, the supervisor loads
+each model once with all the cores and times one batch-1 call on zeros (backends/probe.py): at
+ENGINE_BOUND_MS or more a model is engine-bound.
 
 - `auto`: one worker per usable core where every timed model is HTTP-bound, else one.
 - `N > 1` with an engine-bound model: refused with the reason, unless `--force-workers`.
