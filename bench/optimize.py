@@ -153,27 +153,15 @@ def _auto_verdict(auto: run.Outcome, served: dict[str, Any]) -> list[dict[str, A
 def _interleaved(models: dict[str, tuple[Path, str]], feeds: samples.Feeds,
                  args: argparse.Namespace) -> dict[str, float]:
     """Median batch-32 items/s of each model over rounds that visit every model in turn."""
-    sessions = {name: measure.serving_session(path, args.threads, level)
-                for name, (path, level) in models.items()}
-    per_round: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(args.rounds):
-        for name, session in sessions.items():
-            per_round[name].append(_items_per_s(session, feeds, args.seconds))
-    rates = {name: float(np.median(values)) for name, values in per_round.items()}
+    paths, levels = [path for path, _ in models.values()], [level for _, level in models.values()]
+    rates = dict(zip(models, measure.interleaved_throughput(
+        paths, feeds, threads=args.threads, rounds=args.rounds,
+        round_s=args.seconds, levels=levels), strict=True))
     print(f"\nminilm throughput at batch {BATCH}, {args.threads} threads, median of "
           f"{args.rounds} interleaved rounds of {args.seconds}s:")
     for name, rate in rates.items():
         print(f"  {name:42} {rate:8.1f} items/s")
     return rates
-
-
-def _items_per_s(session: Any, feeds: samples.Feeds, seconds: float) -> float:
-    session.run(None, feeds)
-    count, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        session.run(None, feeds)
-        count += 1
-    return count * BATCH / (time.perf_counter() - started)
 
 
 def _figure(outcome: run.Outcome, key: str) -> float:

@@ -17,7 +17,7 @@ from serval.backends.base import (
     resolve_max_batch_size,
 )
 from serval.backends.engine import EngineBackend
-from serval.backends.probe import fastest_call_ms, zeros_batch1
+from serval.backends.probe import ENGINE_BOUND_MS, fastest_call_ms, zeros_batch1
 from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import from_onnx_type
@@ -37,7 +37,7 @@ SESSION_OVERHEAD_BYTES = 460 * 1024
 # at 64 clients. It costs the event loop the core it spins on: `lstm` (0.5 ms calls, thousands of
 # requests/s to parse) served 0.61 of its ceiling with it, 0.71 without. So `allow_spinning`
 # unset means: on where one batch-1 call takes at least this long (measured once at load).
-SPIN_MIN_CALL_MS = 2.0
+SPIN_MIN_CALL_MS = ENGINE_BOUND_MS
 _OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
                "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 

@@ -13,6 +13,10 @@ from serval.backends.base import Model, RequestModel
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict, TensorSpec
 
+# A model whose batch-1 call takes this long is engine-bound: its calls, not HTTP parsing,
+# decide what a request costs. ONNX Runtime turns intra-op spinning on from here
+# (backends/onnxruntime.py), and more than one --workers is refused from here (server/workers.py).
+ENGINE_BOUND_MS = 2.0
 TIMED_CALLS = 3
 TIME_LIMIT_S = 0.05  # a slow model decides in one timed call
 

@@ -62,11 +62,14 @@ def measure(path: Path, feeds: Feeds, *, duration_s: float = 2.0, threads: int |
 
 
 def interleaved_throughput(paths: list[Path], feeds: Feeds, *, threads: int | None = None,
-                           rounds: int = 5, round_s: float = 0.4) -> list[float]:
-    """Batch-32 items/s of each model, the median of `rounds` rounds that visit every model in
-    turn: a busy or drifting machine then slows all of them alike, and models that differ by a
-    few percent are still told apart."""
-    sessions = [serving_session(path, threads or os.cpu_count() or 1) for path in paths]
+                           rounds: int = 5, round_s: float = 0.4,
+                           levels: list[str] | None = None) -> list[float]:
+    """Batch-32 items/s of each model (each at its graph optimization level, default `all`),
+    the median of `rounds` rounds that visit every model in turn: a busy or drifting machine
+    then slows all of them alike, and models that differ by a few percent are still told
+    apart."""
+    sessions = [serving_session(path, threads or os.cpu_count() or 1, level)
+                for path, level in zip(paths, levels or ["all"] * len(paths), strict=True)]
     batch = _batch(feeds, THROUGHPUT_BATCH)
     per_model: list[list[float]] = [[] for _ in paths]
     for _ in range(rounds):

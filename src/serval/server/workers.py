@@ -24,14 +24,13 @@ import logging
 from dataclasses import dataclass
 
 from serval.backends.cores import usable_cores
-from serval.backends.probe import batch1_infer_ms
+from serval.backends.probe import ENGINE_BOUND_MS, batch1_infer_ms
 from serval.config import MAX_WORKERS, ServerConfig
 from serval.errors import ConfigError
 from serval.server.build import build_model_registry
 
 log = logging.getLogger(__name__)
 
-ENGINE_BOUND_MS = 2.0  # the same line ONNX Runtime's spinning choice draws
 MAX_TIMED_MODELS = 64  # past this, timing every model would double a long start
 
 

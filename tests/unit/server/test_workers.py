@@ -3,15 +3,23 @@ for an engine-bound model unless forced. Real ONNX Runtime models, really timed.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from serval.backends.probe import batch1_infer_ms, fastest_call_ms, zeros_batch1
+from serval.backends.probe import (
+    ENGINE_BOUND_MS,
+    TIME_LIMIT_S,
+    TIMED_CALLS,
+    batch1_infer_ms,
+    fastest_call_ms,
+    zeros_batch1,
+)
 from serval.config import ServerConfig
 from serval.errors import ConfigError
 from serval.protocol.types import TensorSpec
-from serval.server.workers import ENGINE_BOUND_MS, choose_workers, time_models
+from serval.server.workers import choose_workers, time_models
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit
@@ -105,7 +113,20 @@ def test_a_call_that_raises_is_not_timed() -> None:
         raise RuntimeError("no")
 
     assert fastest_call_ms(refuse) == 0.0
-    assert fastest_call_ms(lambda: None) >= 0.0
+
+
+def test_a_fast_call_is_timed_three_times_and_a_slow_one_once_after_the_first() -> None:
+    calls: list[int] = []
+    fastest_call_ms(lambda: calls.append(1))
+    assert len(calls) == 1 + TIMED_CALLS
+    slow: list[int] = []
+
+    def over_the_limit() -> None:  # one call spends the whole time budget of the probe
+        slow.append(1)
+        time.sleep(TIME_LIMIT_S)
+
+    assert fastest_call_ms(over_the_limit) >= TIME_LIMIT_S * 1e3
+    assert len(slow) == 2  # the untimed first call, then one timed: start-up stays bounded
 
 
 def test_a_model_without_infer_is_not_timed() -> None:
