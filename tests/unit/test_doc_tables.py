@@ -12,10 +12,10 @@ from bench import doc_tables
 pytestmark = pytest.mark.unit
 
 
-def _all_regions() -> list[tuple[str, str, str, str]]:
-    return [(str(page.relative_to(doc_tables.ROOT)), name, file, body)
+def _all_regions() -> list[tuple[str, str, tuple[str, ...], str]]:
+    return [(str(page.relative_to(doc_tables.ROOT)), name, files, body)
             for page in doc_tables.PAGES
-            for name, file, body in doc_tables.regions(page.read_text())]
+            for name, files, body in doc_tables.regions(page.read_text())]
 
 
 def test_every_generated_table_is_what_its_results_render() -> None:
@@ -27,9 +27,10 @@ def test_every_generated_table_is_what_its_results_render() -> None:
 
 def test_every_committed_result_feeds_a_table_and_every_table_has_a_renderer() -> None:
     found = _all_regions()
-    assert {p.stem for p in doc_tables.RESULTS.glob("*.json")} == {f for _, _, f, _ in found}
-    for page, name, file, _ in found:
-        assert doc_tables.RENDERERS[name][0] == file, f"{page}: {name} reads {file}.json?"
+    assert {p.stem for p in doc_tables.RESULTS.glob("*.json")} == {
+        f for _, _, files, _ in found for f in files}
+    for page, name, files, _ in found:
+        assert doc_tables.RENDERERS[name][0] == files, f"{page}: {name} reads {files}?"
 
 
 def test_a_changed_figure_changes_the_table() -> None:
@@ -48,3 +49,25 @@ def test_a_hand_edit_inside_a_region_is_put_back() -> None:
     edited = page.replace("| `minilm` (engine-bound) |", "| `minilm` (engine-bound) | 9.99 |", 1)
     assert edited != page
     assert doc_tables.rewrite(edited) == page
+
+
+def test_a_region_may_read_several_results_in_the_order_it_names_them() -> None:
+    page = (doc_tables.ROOT / "docs" / "scale.md").read_text()
+    [(name, files, _)] = [r for r in doc_tables.regions(page) if r[0] == "scale-measured"]
+    assert files == ("serving", "ray-serve", "cluster") == doc_tables.RENDERERS[name][0]
+    results = {f: orjson.loads((doc_tables.RESULTS / f"{f}.json").read_bytes()) for f in files}
+    results["ray-serve"]["rows"]["standalone"]["64"]["throughput_rps"] = 1234.0
+    table = doc_tables.scale_measured(*(results[f] for f in files))
+    assert "binary REST: 1,234 req/s" in table
+    ray = results["ray-serve"]["rows"]["ray-ingress"]["64"]["throughput_rps"]
+    assert f"({ray / 1234:.0%} of S_lstm)" in table
+
+
+def test_figures_a_run_did_not_print_are_left_blank_not_invented() -> None:
+    results = orjson.loads((doc_tables.RESULTS / "gpu.json").read_bytes())
+    results["served"]["1"]["fp32"]["one_item"] = {}
+    results["raw"]["fp32"]["batches"]["1"]["p50_ms"] = None
+    row = next(line for line in doc_tables.gpu(results).splitlines()
+               if line.startswith("| fp32, 1 worker"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "" and cells[4].endswith(" ms") and "(" not in cells[4]
