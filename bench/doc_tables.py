@@ -29,10 +29,10 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-REGION = re.compile(r"(?P<open><!-- generated: (?P<name>[a-z0-9-]+) \((?P<files>"
-                    r"docs/results/[a-z0-9-]+\.json(?:, docs/results/[a-z0-9-]+\.json)*)\); "
-                    r"edit the renderer, not the table -->\n)(?P<body>.*?)"
-                    r"(?P<close><!-- end generated -->)", re.S)
+REGION = re.compile(r"^(?P<open>(?P<indent>[ \t]*)<!-- generated: (?P<name>[a-z0-9-]+) \("
+                    r"(?P<files>docs/results/[a-z0-9-]+\.json(?:, docs/results/[a-z0-9-]+\.json)*)"
+                    r"\); edit the renderer, not the table -->\n)(?P<body>.*?)"
+                    r"(?P<close>[ \t]*<!-- end generated -->)", re.S | re.M)
 FILE = re.compile(r"docs/results/([a-z0-9-]+)\.json")
 
 
@@ -197,6 +197,19 @@ def gpu(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + "".join(f"\n{textwrap.fill(t, 99)}\n" for t in text)
 
 
+def isolation(results: dict[str, Any]) -> str:
+    """bench/isolation.py: engine calls in-process against `isolation: process`, per model."""
+    lines = ["| model | batch-1 p50 | batch-1 p99 | batch-32 items/s |", "|---|---|---|---|"]
+    for model, modes in results["models"].items():
+        base, iso = modes["in-process"], modes["isolated"]
+        share = iso["items_per_s"] / base["items_per_s"]
+        lines.append(
+            f"| `{model}` in-process / isolated | {base['p50_ms']:.3f} / {iso['p50_ms']:.3f} ms | "
+            f"{base['p99_ms']:.3f} / {iso['p99_ms']:.3f} ms | {base['items_per_s']:,.0f} / "
+            f"{iso['items_per_s']:,.0f} ({share:.2f}\N{MULTIPLICATION SIGN}) |")
+    return "\n".join(lines) + "\n" + _cpu(results)
+
+
 _EFFICIENCY = re.compile(r"efficiency (\S+) (.+?): ([0-9.]+) of")
 
 
@@ -249,6 +262,7 @@ RENDERERS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "serving-ratios": (("serving",), serving_ratios),
     "ray-serve": (("ray-serve",), ray_serve),
     "gpu": (("gpu",), gpu),
+    "isolation": (("isolation",), isolation),
     "scale-measured": (("serving", "ray-serve", "cluster"), scale_measured),
 }
 
@@ -268,13 +282,20 @@ def render(name: str) -> str:
 
 
 def regions(text: str) -> list[tuple[str, tuple[str, ...], str]]:
-    """(name, the results files its marker names, current table) for each generated region."""
-    return [(m["name"], tuple(FILE.findall(m["files"])), m["body"])
+    """(name, the results files its marker names, current table) for each generated region; a
+    region indented under a list item has its table indented alike (given here without)."""
+    return [(m["name"], tuple(FILE.findall(m["files"])),
+             "".join(line.removeprefix(m["indent"]) for line in m["body"].splitlines(True)))
             for m in REGION.finditer(text)]
 
 
+def _indent(table: str, indent: str) -> str:
+    return "".join(indent + line if line.strip() else line for line in table.splitlines(True))
+
+
 def rewrite(text: str) -> str:
-    return REGION.sub(lambda m: m["open"] + render(m["name"]) + m["close"], text)
+    return REGION.sub(lambda m: m["open"] + _indent(render(m["name"]), m["indent"])
+                      + m["indent"] + "<!-- end generated -->", text)
 
 
 def main() -> None:

@@ -71,3 +71,12 @@ def test_figures_a_run_did_not_print_are_left_blank_not_invented() -> None:
                if line.startswith("| fp32, 1 worker"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "" and cells[4].endswith(" ms") and "(" not in cells[4]
+
+
+def test_a_region_under_a_list_item_keeps_its_indent() -> None:
+    page = (doc_tables.ROOT / "docs" / "production.md").read_text()
+    indented = [line for line in page.splitlines() if "`lstm` in-process / isolated" in line]
+    assert indented and all(line.startswith("    | ") for line in indented)
+    row = "| `lstm` in-process / isolated |"
+    edited = page.replace("    " + row, row)
+    assert edited != page and doc_tables.rewrite(edited) == page
