@@ -36,6 +36,7 @@ MODES = ("http-json", "http-binary", "grpc-unary", "grpc-stream")
 def main() -> None:
     args = _parse_args()
     logs = Path(tempfile.mkdtemp(prefix="serval-ab-"))
+    args.repository = servers.only(args.repository, [args.model], logs)  # serve what is measured
     spec = model_spec(model_file(args.repository, args.model))
     feeds = random_feeds(spec, batch=1, count=16, seed=0)
     loads = {"http-json": infer_requests(args.model, feeds, False, servers.HOST),

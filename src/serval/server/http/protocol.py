@@ -263,7 +263,8 @@ class HttpProtocol(RequestReader):
                 keep_alive = item.keep_alive and not self.closing
                 self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
                                                   self.server_lines))
-                self._release(item.reserved)
+                if item.reserved:
+                    self._release(item.reserved)
                 if not keep_alive:
                     self.transport.close()
                     return

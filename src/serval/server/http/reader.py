@@ -48,6 +48,7 @@ class RequestReader(asyncio.Protocol):
         self.app, self.guards, self.limits = app, guards, guards.limits
         self.max_body_bytes = guards.limits.max_request_bytes
         self.max_header_bytes = guards.limits.max_header_bytes
+        self.max_header_count = guards.limits.max_header_count
         self.loop = asyncio.get_running_loop()
         self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.refused = False  # a refusal is queued: parse nothing more
@@ -133,16 +134,18 @@ class RequestReader(asyncio.Protocol):
                              f"{self.limits.max_url_bytes} bytes (--max-url-bytes)")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        # every request's path, once per header: locals, and the limits in two comparisons
         self.progress = True
         name = name.lower()
-        self.headers.append((name, value))
-        self.header_bytes += len(name) + len(value) + 4
-        if len(self.headers) > self.limits.max_header_count:
-            self._abort(431, f"more than {self.limits.max_header_count} header fields "
-                             "(--max-header-count)")
-        if self.header_bytes > self.max_header_bytes:
+        headers = self.headers
+        headers.append((name, value))
+        size = self.header_bytes = self.header_bytes + len(name) + len(value) + 4
+        if size > self.max_header_bytes:
             self._refuse(self._header_too_large(), "header limit")
             raise _Refused
+        if len(headers) > self.max_header_count:
+            self._abort(431, f"more than {self.max_header_count} header fields "
+                             "(--max-header-count)")
         if name == b"content-length":
             self.content_length = int(value) if value.strip().isdigit() else -1
         elif name == b"transfer-encoding":
@@ -165,10 +168,11 @@ class RequestReader(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.progress = True
-        self.body_bytes += len(body)
-        if self.body_bytes > self.reserved:  # the budget holds what has arrived
-            self._check_body_size(self.body_bytes)
-            self._reserve(self.body_bytes - self.reserved)
+        arrived = self.body_bytes = self.body_bytes + len(body)
+        if arrived > self.reserved:  # the budget holds what has arrived
+            if arrived > self.max_body_bytes:
+                self._check_body_size(arrived)
+            self._reserve(arrived - self.reserved)
         self.body.append(body)
 
     def on_chunk_header(self) -> None:
