@@ -252,7 +252,7 @@ def scale_measured(serving_results: dict[str, Any], ray_results: dict[str, Any],
     return "\n".join(lines) + "\n" + _cpu(serving_results)
 
 
-# table name -> (the results file it reads, docs/results/<file>.json; its renderer)
+# table name -> (the results files it reads, docs/results/<file>.json, in order; its renderer)
 RENDERERS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "optimize": (("optimize",), optimize),
     "openvino": (("openvino",), openvino),

@@ -16,17 +16,14 @@ Block = tuple[int, int, bytes]  # HEADERS flags, stream id, the whole header blo
 class HeaderBlocks:
     """The header block being assembled, if any; each call returns a completed block or None."""
 
-    __slots__ = ("_abuse", "_open", "max_block_bytes")
+    __slots__ = ("_abuse", "max_block_bytes", "open")
 
     def __init__(self, max_block_bytes: int, abuse: AbuseBudget) -> None:
         self.max_block_bytes = max_block_bytes
         self._abuse = abuse
-        self._open: tuple[int, int, bytearray] | None = None  # stream id, flags, bytes so far
-
-    @property
-    def open(self) -> bool:
-        """A block waits for CONTINUATION: the next frame must be one, on its stream."""
-        return self._open is not None
+        # a block waiting for CONTINUATION (the next frame must be one, on its stream): stream
+        # id, flags, bytes so far; read on every frame, so a plain attribute
+        self.open: tuple[int, int, bytearray] | None = None
 
     def headers(self, flags: int, stream_id: int, payload: bytes) -> Block | None:
         if stream_id == 0:
@@ -37,12 +34,12 @@ class HeaderBlocks:
         self._check(len(block))
         if flags & h2.END_HEADERS:
             return flags, stream_id, block
-        self._open = (stream_id, flags, bytearray(block))
+        self.open = (stream_id, flags, bytearray(block))
         return None
 
     def continuation(self, kind: int, flags: int, stream_id: int, payload: bytes) -> Block | None:
-        assert self._open is not None
-        first_stream, first_flags, block = self._open
+        assert self.open is not None
+        first_stream, first_flags, block = self.open
         if kind != h2.CONTINUATION or stream_id != first_stream:
             raise h2.ProtocolError("expected CONTINUATION of the open header block")
         if not payload:
@@ -51,7 +48,7 @@ class HeaderBlocks:
         self._check(len(block))
         if not flags & h2.END_HEADERS:
             return None
-        self._open = None
+        self.open = None
         return first_flags, stream_id, bytes(block)
 
     def _check(self, size: int) -> None:

@@ -94,7 +94,8 @@ class ServiceRunner:
             if method.server_streaming:
                 async for reply in method.handler(requests, context):
                     call.send_message(reply.SerializeToString())
-                    await call.drain()  # the client reads slower than we answer: wait
+                    if call.backlogged():  # the client reads slower than we answer: wait
+                        await call.drain()
             else:
                 reply = await method.handler(requests, context)
                 call.send_message(reply.SerializeToString())

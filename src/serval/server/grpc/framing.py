@@ -153,7 +153,7 @@ class Http2Connection(asyncio.Protocol):
         handlers = self.handlers
         try:
             for kind, flags, stream_id, payload in self.reader.feed(data):
-                if self.blocks.open:
+                if self.blocks.open is not None:
                     block = self.blocks.continuation(kind, flags, stream_id, payload)
                     if block is not None:
                         self._on_header_block(*block)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -89,9 +90,9 @@ class InferenceServicer(SharedMemoryRpcs):
         (server/grpc/stream_infer.py says how, and what bounds a stream)."""
         token = _token(context)
         call = StreamCall(
-            lambda request: self._stream_one(request, token),
-            lambda request: self._decoupled(request, token),
-            lambda request: decoupled_stream(self.dataplane, request),
+            functools.partial(self._stream_one, token=token),
+            functools.partial(self._decoupled, token=token),
+            functools.partial(decoupled_stream, self.dataplane),
             context, getattr(context, "max_stream_messages", _STREAM_SLOTS))
         async with contextlib.aclosing(call.answers(requests)) as answers:
             async for answer in answers:
@@ -146,16 +147,16 @@ class InferenceServicer(SharedMemoryRpcs):
         except ServalError as exc:
             await context.abort(*grpc_error(exc, action.value))
 
-    async def _decoupled(self, request: Any, token: str | None) -> bool:
+    def _decoupled(self, request: Any, token: str | None) -> bool | Awaitable[bool]:
         """Whether a stream request reaches a decoupled model (not when it may not infer:
-        its one answer says so)."""
+        its one answer says so); an awaitable only when that takes loading the model."""
         try:
             if self.auth is not None:
                 self.auth.check(token, Action.INFER, request.model_name)
         except ServalError:
             return False
         known = decoupled_now(self.dataplane, request.model_name, request.model_version or None)
-        return known if known is not None else await model_is_decoupled(self.dataplane, request)
+        return known if known is not None else model_is_decoupled(self.dataplane, request)
 
     async def _stream_one(self, request: Any, token: str | None) -> pb.ModelStreamInferResponse:
         """One stream request's answer: its response, or an error that names the request (id,

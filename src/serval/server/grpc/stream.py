@@ -227,6 +227,12 @@ class ServerCall:
         self._pending_bytes += 5 + len(payload)
         self.owner.send_pending(self)
 
+    def backlogged(self) -> bool:
+        """Whether the client does not take our replies now (flow control, or a full socket):
+        then `drain` before the next (asked first, as most replies find no backlog)."""
+        return (self._pending_bytes > _DRAIN_BYTES or self.owner.write_paused) \
+            and not self.finished
+
     async def drain(self) -> None:
         """Wait while the client does not take our replies (flow control, or a full socket)."""
         while (self._pending_bytes > _DRAIN_BYTES or self.owner.write_paused) and not self.finished:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -46,19 +47,26 @@ class StreamCall:
     """One ModelStreamInfer call: read requests, run each, hand on their answers.
 
     `ordered(request)` is a request's one answer (a model that is not decoupled, or an error),
-    `decoupled(request)` says which a request is, `stream(request)` runs a decoupled one."""
+    `decoupled(request)` says which a request is (a bool, or an awaitable when that takes a
+    load), `stream(request)` runs a decoupled one.
+
+    Every request of a stream passes here, so the bookkeeping is plain counters, a deque and
+    single waiters rather than asyncio's Semaphore and Queue (pure Python, several calls each)."""
 
     def __init__(self, ordered: Callable[[Any], Awaitable[Answer]],
-                 decoupled: Callable[[Any], Awaitable[bool]], stream: Stream,
+                 decoupled: Callable[[Any], bool | Awaitable[bool]], stream: Stream,
                  context: Any, slots: int) -> None:
         self._ordered, self._decoupled, self._run_stream = ordered, decoupled, stream
         self._context = context
+        self._loop = asyncio.get_running_loop()
         time_remaining = getattr(context, "time_remaining", None)
         remaining_s = time_remaining() if time_remaining is not None else None
         self._ends: float | None = (  # the stream's deadline (loop time)
-            None if remaining_s is None else asyncio.get_running_loop().time() + remaining_s)
-        self._slots = asyncio.Semaphore(slots)
-        self._outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue()
+            None if remaining_s is None else self._loop.time() + remaining_s)
+        self._free_slots = slots
+        self._slot_freed: asyncio.Future[None] | None = None  # the reader waits for a slot
+        self._outbox: deque[Outgoing | None] = deque()
+        self._outbox_filled: asyncio.Future[None] | None = None  # answers() waits for one
         self._tasks: set[asyncio.Task[None]] = set()
         self._previous: asyncio.Future[None] | None = None  # the last ordered answer is out
         self._started = 0
@@ -66,9 +74,12 @@ class StreamCall:
     async def answers(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Answer, None]:
         reader = asyncio.create_task(self._read(requests))
         reading, finished = True, 0
+        outbox = self._outbox
         try:
             while reading or finished < self._started:
-                item = await (self._outbox.get() if self._ends is None else self._next())
+                if not outbox:
+                    await self._filled()
+                item = outbox.popleft()
                 if item is None:
                     reading = False
                     continue
@@ -79,7 +90,10 @@ class StreamCall:
                     handed_on.set_result(None)
                 if last:
                     finished += 1
-                    self._slots.release()
+                    self._free_slots += 1
+                    waiter = self._slot_freed
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
         finally:
             reader.cancel()
             for task in list(self._tasks):  # the call ended early: stop what still runs
@@ -87,50 +101,77 @@ class StreamCall:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _next(self) -> Outgoing | None:
-        """The next answer to hand on, within the stream's deadline (set at the call's start)."""
-        assert self._ends is not None
-        remaining_s = self._ends - asyncio.get_running_loop().time()
-        try:
-            return await asyncio.wait_for(self._outbox.get(), max(0.0, remaining_s))
-        except TimeoutError:
-            await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED,
-                                      "the stream's deadline passed; its requests are cancelled")
-            raise
+    def _put(self, item: Outgoing | None) -> None:
+        self._outbox.append(item)
+        waiter = self._outbox_filled
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _filled(self) -> None:
+        """Until the outbox has an answer, within the stream's deadline (set at its start)."""
+        while not self._outbox:
+            self._outbox_filled = waiter = self._loop.create_future()
+            try:
+                if self._ends is None:
+                    await waiter
+                    continue
+                remaining_s = self._ends - self._loop.time()
+                try:
+                    await asyncio.wait_for(waiter, max(0.0, remaining_s))
+                except TimeoutError:
+                    await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED, "the stream's "
+                                              "deadline passed; its requests are cancelled")
+                    raise
+            finally:
+                self._outbox_filled = None
 
     async def _read(self, requests: AsyncIterator[Any]) -> None:
         """Start each request as it is read (a slot first: see the module's bounds)."""
+        loop = self._loop
         try:
             while True:
-                await self._slots.acquire()  # given back with the request's last answer
+                while not self._free_slots:  # given back with a request's last answer
+                    self._slot_freed = loop.create_future()
+                    try:
+                        await self._slot_freed
+                    finally:
+                        self._slot_freed = None
+                self._free_slots -= 1
                 request = await anext(requests, None)
                 if request is None:
                     break
                 self._started += 1
                 previous = self._previous
-                self._previous = mine = asyncio.get_running_loop().create_future()
-                task = asyncio.create_task(self._answer(request, previous, mine))
+                self._previous = mine = loop.create_future()
+                task = loop.create_task(self._answer(request, previous, mine))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         finally:
-            self._outbox.put_nowait(None)
+            self._put(None)
 
     async def _answer(self, request: Any, previous: asyncio.Future[None] | None,
                       mine: asyncio.Future[None]) -> None:
         try:
-            if await self._decoupled(request):
+            decoupled = self._decoupled(request)
+            if decoupled is not True and decoupled is not False:  # not known without a load
+                decoupled = await decoupled
+            if decoupled:
                 _after(previous, mine)  # ordered answers behind it need not wait for it
                 await self._stream(request)
                 return
             answer = await self._ordered(request)
             if previous is not None:
                 await previous
-            self._outbox.put_nowait((answer, True, None))
+            self._put((answer, True, None))
         except Exception as exc:  # a bug: answer INTERNAL, keep the stream going
             error = stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
-            self._outbox.put_nowait((_final(error), True, None))
+            self._put((_final(error), True, None))
         finally:
-            _after(previous, mine)
+            if previous is None or previous.done():
+                if not mine.done():
+                    mine.set_result(None)
+            else:
+                _after(previous, mine)
 
     async def _stream(self, request: Any) -> None:
         """A decoupled request's responses, each handed on before the next is taken."""
@@ -151,8 +192,8 @@ class StreamCall:
                 await self._hand_on(None, True)
 
     async def _hand_on(self, message: Answer | None, last: bool) -> None:
-        handed_on = asyncio.get_running_loop().create_future()
-        self._outbox.put_nowait((message, last, handed_on))
+        handed_on = self._loop.create_future()
+        self._put((message, last, handed_on))
         await handed_on
 
 

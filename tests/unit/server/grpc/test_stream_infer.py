@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from serval.protocol.grpc import grpc_service_pb2 as pb
+from serval.protocol.grpc.status import GrpcStatus
 from serval.protocol.types import InferResponse
 from serval.server.grpc.stream_infer import EMPTY_FINAL, FINAL_RESPONSE, StreamCall
 from serval.server.streams import StreamedResponse
@@ -149,3 +150,59 @@ def test_closing_the_call_closes_each_running_stream() -> None:
         return sorted(script.closed)
 
     assert asyncio.run(main()) == ["d1", "d2"]
+
+
+class Aborted(Exception):
+    pass
+
+
+class DeadlineContext(Context):
+    """A stream with grpc-timeout: `abort` raises as grpc's does, and records its status."""
+
+    def __init__(self, slots: int, remaining_s: float) -> None:
+        super().__init__(slots)
+        self.remaining_s, self.aborted = remaining_s, []  # type: list[tuple[Any, str]]
+
+    def time_remaining(self) -> float:
+        return self.remaining_s
+
+    async def abort(self, code: Any, message: str) -> None:
+        self.aborted.append((code, message))
+        raise Aborted(message)
+
+
+def test_the_streams_deadline_ends_the_call_and_cancels_what_still_runs() -> None:
+    async def main() -> tuple[list[tuple[Any, str]], bool, list[str]]:
+        script = Scripted()
+        context = DeadlineContext(8, 0.05)
+        call = StreamCall(script.ordered, script.decoupled, script.stream, context, 8)
+        answers = call.answers(_requests(["o1", "d1"]))
+        script.send("d1", 1)
+        first = _seen(await anext(answers))  # within the deadline: answered
+        assert first == ("d1", [1], False)
+        with pytest.raises(Aborted):  # o1 never answers: the deadline ends the call
+            await anext(answers)
+        await answers.aclose()
+        for _ in range(100):
+            if script.closed and not call._tasks:
+                break
+            await asyncio.sleep(0)
+        return context.aborted, bool(call._tasks), script.closed
+
+    aborted, still_running, closed = asyncio.run(main())
+    assert [code for code, _ in aborted] == [GrpcStatus.DEADLINE_EXCEEDED]
+    assert "deadline passed" in aborted[0][1]
+    assert not still_running and closed == ["d1"]
+
+
+def test_a_decoupled_answer_known_without_a_load_is_not_awaited() -> None:
+    async def main() -> list[tuple[str, list[int], bool]]:
+        script = Scripted()
+        call = StreamCall(script.ordered, lambda request: request.id.startswith("d"),
+                          script.stream, Context(8), 8)
+        answers = call.answers(_requests(["d1", "o1"]))
+        script.send("d1", 7, final=True)
+        script.gates.setdefault("o1", asyncio.Event()).set()
+        return [_seen(answer) async for answer in answers]
+
+    assert asyncio.run(main()) == [("d1", [7], True), ("o1", [], True)]
