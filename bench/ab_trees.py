@@ -1,6 +1,7 @@
 """Two builds of Serval under the same load, alternated: what a change costs in throughput.
 
-Each round starts the server from tree A, then from tree B (its `src/` first on PYTHONPATH), and
+Each round starts the server from tree A and from tree B (its `src/` first on PYTHONPATH), A first
+in even rounds and B first in odd ones (so neither always runs on the heels of the other), and
 drives both with this tree's load generator: HTTP JSON, HTTP binary and gRPC unary (and stream),
 `--concurrency` clients, one item per request. Rounds alternate so drift on a noisy box hits
 both builds alike; the table gives each build's median over the rounds and B/A, for throughput
@@ -45,7 +46,8 @@ def main() -> None:
     rates: dict[tuple[str, str], list[float]] = defaultdict(list)
     cpu: dict[tuple[str, str], list[float]] = defaultdict(list)
     for round_index in range(args.rounds):
-        for label, tree in (("A", args.a), ("B", args.b)):
+        pair = (("A", args.a), ("B", args.b))
+        for label, tree in pair if round_index % 2 == 0 else pair[::-1]:  # ABBA: no side first
             for mode, rate, cpu_us in _measure(args, tree, loads,
                                                logs / f"{label}{round_index}.log"):
                 rates[(label, mode)].append(rate)
