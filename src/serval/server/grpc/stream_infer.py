@@ -79,6 +79,8 @@ class StreamCall:
             while reading or finished < self._started:
                 if not outbox:
                     await self._filled()
+                elif self._ends is not None and self._loop.time() >= self._ends:
+                    await self._deadline_passed()
                 item = outbox.popleft()
                 if item is None:
                     reading = False
@@ -119,11 +121,14 @@ class StreamCall:
                 try:
                     await asyncio.wait_for(waiter, max(0.0, remaining_s))
                 except TimeoutError:
-                    await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED, "the stream's "
-                                              "deadline passed; its requests are cancelled")
-                    raise
+                    await self._deadline_passed()
             finally:
                 self._outbox_filled = None
+
+    async def _deadline_passed(self) -> None:
+        await self._context.abort(GrpcStatus.DEADLINE_EXCEEDED,
+                                  "the stream's deadline passed; its requests are cancelled")
+        raise AssertionError("unreachable: abort raises")
 
     async def _read(self, requests: AsyncIterator[Any]) -> None:
         """Start each request as it is read (a slot first: see the module's bounds)."""

@@ -206,3 +206,24 @@ def test_a_decoupled_answer_known_without_a_load_is_not_awaited() -> None:
         return [_seen(answer) async for answer in answers]
 
     assert asyncio.run(main()) == [("d1", [7], True), ("o1", [], True)]
+
+
+def test_an_answer_still_waiting_when_the_deadline_passes_is_not_sent() -> None:
+    async def main() -> tuple[list[tuple[Any, str]], tuple[str, list[int], bool]]:
+        script = Scripted()
+        context = DeadlineContext(8, 0.05)
+        call = StreamCall(script.ordered, script.decoupled, script.stream, context, 8)
+        answers = call.answers(_requests(["d1", "d2"]))
+        script.send("d1", 1)
+        first = _seen(await anext(answers))
+        script.send("d2", 2, final=True)  # waits in the outbox while the deadline passes
+        await asyncio.sleep(0.1)  # time itself is under test: past the 50 ms deadline
+        assert call._outbox  # (the case under test: an answer is ready, the deadline gone)
+        with pytest.raises(Aborted):
+            await anext(answers)
+        await answers.aclose()
+        return context.aborted, first
+
+    aborted, first = asyncio.run(main())
+    assert first == ("d1", [1], False)
+    assert [code for code, _ in aborted] == [GrpcStatus.DEADLINE_EXCEEDED]
