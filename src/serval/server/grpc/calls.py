@@ -96,10 +96,10 @@ class ServiceRunner:
                     call.send_message(reply.SerializeToString())
                     if call.backlogged():  # the client reads slower than we answer: wait
                         await call.drain()
+                call.finish(GrpcStatus.OK)
             else:
                 reply = await method.handler(requests, context)
-                call.send_message(reply.SerializeToString())
-            call.finish(GrpcStatus.OK)
+                call.send_reply(reply.SerializeToString())  # the reply and OK, in one
         except AbortCall as exc:
             call.finish(exc.status, exc.details, exc.trailers)
         except asyncio.CancelledError:

@@ -1,11 +1,16 @@
-"""gRPC stream helpers: grpc-message percent-encoding."""
+"""gRPC stream helpers: grpc-message percent-encoding, response header blocks, the frames of a
+unary reply."""
 
 from __future__ import annotations
 
 import pytest
 
+from serval.http2 import frames as h2
+from serval.http2.frames import FrameReader
 from serval.http2.hpack import HpackDecoder
-from serval.server.grpc.stream import ResponseHeaders, percent_encode
+from serval.protocol.grpc.status import GrpcStatus
+from serval.server.grpc.stream import ResponseHeaders, ServerCall, percent_encode
+from serval.server.limits import ReceiveBudget
 
 pytestmark = pytest.mark.unit
 
@@ -26,3 +31,49 @@ def test_response_headers_are_one_table_free_block() -> None:
                 (":status", "200"), ("content-type", "application/grpc"), *own]
     assert HpackDecoder().decode(ResponseHeaders().block) == [
         (":status", "200"), ("content-type", "application/grpc")]
+
+
+class Owner:
+    """A CallOwner that takes every frame at once (open windows) and records the bytes."""
+
+    def __init__(self) -> None:
+        self.response_headers = ResponseHeaders((("serval-node", "n"),))
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def send_pending(self, call: ServerCall) -> None:
+        frames, _ = call.take_sendable(1 << 20, 1 << 14)
+        self.written += frames
+
+    def consumed(self, call: ServerCall, size: int) -> None:
+        pass
+
+
+def _call(owner: Owner) -> ServerCall:
+    return ServerCall(owner, 1, [], received_ns=0, send_window=1 << 20, receive_window=1 << 16,
+                      max_message_bytes=1 << 20, max_messages=8, budget=ReceiveBudget(1 << 20))
+
+
+def _frames(data: bytes) -> list[tuple[int, int, list[tuple[str, str]] | bytes]]:
+    out: list[tuple[int, int, list[tuple[str, str]] | bytes]] = []
+    decoder = HpackDecoder()
+    for kind, flags, _, payload in FrameReader(1 << 14).feed(data):
+        out.append((kind, flags, decoder.decode(payload) if kind == h2.HEADERS else payload))
+    return out
+
+
+def test_a_unary_reply_is_what_a_message_then_ok_would_be_in_one_pass() -> None:
+    one, two = Owner(), Owner()
+    _call(one).send_reply(b"payload")
+    call = _call(two)
+    call.send_message(b"payload")
+    call.finish(GrpcStatus.OK)
+    assert b"".join(one.written) == b"".join(two.written)
+    frames = _frames(b"".join(one.written))
+    assert [(kind, flags) for kind, flags, _ in frames] == [
+        (h2.HEADERS, h2.END_HEADERS), (h2.DATA, 0),
+        (h2.HEADERS, h2.END_HEADERS | h2.END_STREAM)]
+    assert frames[1][2] == b"\x00\x00\x00\x00\x07payload"
+    assert frames[2][2] == [("grpc-status", "0")]
