@@ -116,11 +116,11 @@ def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path) -> dic
     rates: dict[str, list[float]] = {"minilm": [], "minilm-int8": []}
     with servers.running(servers.serval_command(repository, port, 1, 0), port,
                          "/v2/health/ready", work / "serval.log"):
+        feeds = random_feeds(spec, 1, 16, seed=0)
+        requests = {name: infer_requests(name, feeds, True, servers.HOST) for name in rates}
         for _ in range(args.served_rounds):
             for name, rates_of in rates.items():
-                requests = infer_requests(name, random_feeds(spec, 1, 16, seed=0), True,
-                                          servers.HOST)
-                step = run_closed_loop(servers.HOST, port, requests, SERVED_CLIENTS,
+                step = run_closed_loop(servers.HOST, port, requests[name], SERVED_CLIENTS,
                                        args.served_seconds)
                 rates_of.append(step.throughput_rps)
     medians = {name: float(np.median(values)) for name, values in rates.items()}
@@ -132,21 +132,26 @@ def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path) -> dic
 
 def _auto_verdict(auto: run.Outcome, served: dict[str, Any]) -> list[dict[str, Any]]:
     rates = served["items_per_s"]
-    goals = [
+    print(f"  int8-auto chose: {auto.report['steps'][-1]['recipe']}")
+    return _judge([
         ("minilm int8-auto served / FP32 served at 64 clients",
          rates["minilm-int8"] / rates["minilm"], 1.8, True),
         ("minilm int8-auto mean cosine on the shipped sentences",
          _figure(auto, "mean_cosine"), 0.99, True),
         ("minilm int8-auto worst sentence's cosine", _figure(auto, "min_cosine"),
          WORST_COSINE, True),
-    ]
-    print(f"  int8-auto chose: {auto.report['steps'][-1]['recipe']}")
+    ])
+
+
+def _judge(goals: list[tuple[str, float, float, bool]]) -> list[dict[str, Any]]:
+    """Each goal (label, value, goal, at least?) printed PASS or MISS, and as a dict."""
     verdicts = []
     for label, value, goal, at_least in goals:
-        ok = value >= goal
+        ok = value >= goal if at_least else value <= goal
         verdicts.append({"label": label, "value": value, "goal": goal, "at_least": at_least,
                          "passed": ok})
-        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.4f} (>= {goal})")
+        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.4f} "
+              f"({'>=' if at_least else '<='} {goal})")
     return verdicts
 
 
@@ -185,13 +190,7 @@ def _verdict(fp32: Path, int8: run.Outcome, graph: run.Outcome, lstm: run.Outcom
          fused / rates["fp32 export, level=disable"], 1.2, True),
     ]
     print("\ngoals:")
-    verdicts = []
-    for label, value, goal, at_least in goals:
-        ok = value >= goal if at_least else value <= goal
-        verdicts.append({"label": label, "value": value, "goal": goal, "at_least": at_least,
-                         "passed": ok})
-        print(f"  {'PASS' if ok else 'MISS'}  {label}: {value:.4f} "
-              f"({'>=' if at_least else '<='} {goal})")
+    verdicts = _judge(goals)
     print("  (for reference, not a goal) graph-optimized / export at level=basic: "
           f"{fused / rates['fp32 export, level=basic']:.2f}; / export at level=all: "
           f"{fused / rates['fp32 export, level=all']:.2f}")

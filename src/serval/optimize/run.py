@@ -76,6 +76,7 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
             steps.append({"step": "optimize-graph", **asdict(result)})
             current = work / "graph.onnx"
         feeds, inputs_kind = _parity_inputs(request, specs)
+        checked: parity.ParityResult | None = None  # int8-auto verified its choice already
         if request.quantize and request.quantize.mode == search.AUTO:
             progress("quantizing (int8-auto: trying recipes)")
             chosen, trials = search.search(
@@ -86,7 +87,7 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
             steps.append({"step": "quantize", **asdict(chosen.result), "mode": search.AUTO,
                           "recipe": chosen.candidate.name,
                           "search": [trial.as_dict() for trial in trials]})
-            current = chosen.path
+            current, checked = chosen.path, chosen.parity
         elif request.quantize:
             progress(f"quantizing ({request.quantize.mode})")
             calibration, calibration_kind = _calibration(request, specs)
@@ -97,8 +98,9 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
             current = work / "quantized.onnx"
         final = request.out / "model.onnx"
         shutil.copyfile(current, final)
-        progress("verifying parity")
-        checked = _verify(converted.reference, final, feeds, request.thresholds)
+        if checked is None:
+            progress("verifying parity")
+            checked = _verify(converted.reference, final, feeds, request.thresholds)
         cost = _measure(request, converted.path, final, feeds, progress)
     doc = {
         "source": request.source, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",

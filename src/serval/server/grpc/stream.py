@@ -224,15 +224,12 @@ class ServerCall:
         self.owner.send_pending(self)
 
     def send_reply(self, payload: bytes) -> None:
-        """A unary call's one reply, then OK: queued together, sent as one (every unary call's
-        path: one pass of flow control instead of two, the OK trailers encoded once)."""
+        """A unary call's one reply, then OK: queued together and sent in one pass of flow
+        control (every unary call's path)."""
         if self.finished:
             return
         self._queue_message(payload)
-        self.finished = True
-        self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                  _OK_TRAILERS)
-        self.owner.send_pending(self)
+        self.finish(GrpcStatus.OK)
 
     def _queue_message(self, payload: bytes) -> None:
         if not self._headers_sent:
@@ -250,7 +247,7 @@ class ServerCall:
 
     async def drain(self) -> None:
         """Wait while the client does not take our replies (flow control, or a full socket)."""
-        while (self._pending_bytes > _DRAIN_BYTES or self.owner.write_paused) and not self.finished:
+        while self.backlogged():
             self._drainer = asyncio.get_running_loop().create_future()
             try:
                 await self._drainer
@@ -268,11 +265,14 @@ class ServerCall:
         if self.finished:
             return
         self.finished = True
-        trailers = [("grpc-status", str(int(status)))]
-        if message:
-            trailers.append(("grpc-message", percent_encode(message)))
-        trailers.extend(extra)
-        block = encode_headers(trailers)
+        if status is GrpcStatus.OK and not message and not extra:
+            block = _OK_TRAILERS  # every successful call's: encoded once
+        else:
+            trailers = [("grpc-status", str(int(status)))]
+            if message:
+                trailers.append(("grpc-message", percent_encode(message)))
+            trailers.extend(extra)
+            block = encode_headers(trailers)
         if not self._headers_sent:
             block = self.owner.response_headers.block + block
         self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,

@@ -158,7 +158,7 @@ class StreamCall:
                       mine: asyncio.Future[None]) -> None:
         try:
             decoupled = self._decoupled(request)
-            if decoupled is not True and decoupled is not False:  # not known without a load
+            if not isinstance(decoupled, bool):  # not known without loading the model
                 decoupled = await decoupled
             if decoupled:
                 _after(previous, mine)  # ordered answers behind it need not wait for it
@@ -172,11 +172,7 @@ class StreamCall:
             error = stream_error(request, unexpected_grpc_error(exc, "ModelStreamInfer")[1])
             self._put((_final(error), True, None))
         finally:
-            if previous is None or previous.done():
-                if not mine.done():
-                    mine.set_result(None)
-            else:
-                _after(previous, mine)
+            _after(previous, mine)
 
     async def _stream(self, request: Any) -> None:
         """A decoupled request's responses, each handed on before the next is taken."""
@@ -214,15 +210,18 @@ async def model_is_decoupled(dataplane: DataPlane, request: Any) -> bool:
 
 
 def _after(previous: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
-    """`mine` is done once `previous` is (at once without one)."""
-    def done(_: object = None) -> None:
+    """`mine` is done once `previous` is (at once without one, or when it is done already:
+    every ordered request's case, with no callback made)."""
+    if previous is None or previous.done():
+        if not mine.done():
+            mine.set_result(None)
+        return
+
+    def done(_: object) -> None:
         if not mine.done():
             mine.set_result(None)
 
-    if previous is None or previous.done():
-        done()
-    else:
-        previous.add_done_callback(done)
+    previous.add_done_callback(done)
 
 
 def _stream_answer(request: Any, item: StreamedResponse) -> Answer | None:
