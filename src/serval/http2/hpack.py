@@ -3,7 +3,10 @@ and a table-free encoder (literal fields, never indexed) for the few headers we 
 
 Clients built on grpc-core send nearly identical header blocks on every call; once the dynamic
 table holds them a block is a handful of index bytes, so a block decoded while the table did not
-change is remembered and answered from a dict next time.
+change is remembered and answered from a dict next time. Proxies (HAProxy) send the same bytes
+on every call too, but as literals each added to the table again and never referenced: such a
+block reads nothing from the dynamic table, so it decodes alike in any table state, and a
+repeat of it is answered from the dict with its insertions replayed.
 
 Bounds: a decoded header list larger than `max_list_bytes` (RFC 9113's SETTINGS_MAX_HEADER_LIST_SIZE
 measure: name + value + 32 per field) is `HeaderListTooLarge`, raised once the whole block has
@@ -45,30 +48,47 @@ class HpackDecoder:
         self.table: list[Header] = []  # newest first
         self.table_bytes = 0
         self.generation = 0  # changes whenever the dynamic table does
-        self._cache: dict[bytes, list[Header]] = {}
+        # block -> (its header list, the fields it adds to the table, the table generation it
+        # is valid in: None for a block that reads nothing from the dynamic table)
+        self._cache: dict[bytes, tuple[list[Header], list[Header], int | None]] = {}
         self._cache_bytes = 0
+        self._read_dynamic = False  # set when the block being decoded reads the dynamic table
 
     def decode(self, block: bytes) -> list[Header]:
         """The header list of one block; ProtocolError when it is malformed or too large."""
         cached = self._cache.get(block)
         if cached is not None:
-            return cached
+            headers, replay, valid_in = cached
+            if valid_in is None:
+                for name, value in replay:
+                    self._insert(name, value)
+                return headers
+            if valid_in == self.generation:
+                return headers
         generation = self.generation
-        headers, list_bytes = self._decode(block)
-        if self.generation != generation:
-            self._cache.clear()
-            self._cache_bytes = 0
-        elif len(block) <= _CACHEABLE_BLOCK_BYTES:
-            cost = len(block) + list_bytes
-            if self._cache_bytes + cost > _CACHE_BYTES:
-                self._cache.clear()
-                self._cache_bytes = 0
-            self._cache[block] = headers
-            self._cache_bytes += cost
+        self._read_dynamic = False
+        headers, list_bytes, inserts = self._decode(block)
+        if inserts is not None and len(block) <= _CACHEABLE_BLOCK_BYTES:
+            if not self._read_dynamic:
+                self._remember(block, (headers, inserts, None), list_bytes)
+            elif self.generation == generation:  # read the table and left it as it was
+                self._remember(block, (headers, inserts, generation), list_bytes)
         return headers
 
-    def _decode(self, block: bytes) -> tuple[list[Header], int]:
+    def _remember(self, block: bytes, entry: tuple[list[Header], list[Header], int | None],
+                  list_bytes: int) -> None:
+        cost = len(block) + list_bytes
+        if self._cache_bytes + cost > _CACHE_BYTES:
+            self._cache.clear()
+            self._cache_bytes = 0
+        self._cache[block] = entry
+        self._cache_bytes += cost
+
+    def _decode(self, block: bytes) -> tuple[list[Header], int, list[Header] | None]:
+        """The header list, its size and the fields added to the table (None when the block
+        also resized the table: such a block is not remembered)."""
         headers: list[Header] = []
+        inserts: list[Header] | None = []
         pos, end = 0, len(block)
         size, limit, fields_left = 0, self.max_list_bytes, MAX_FIELDS
         try:
@@ -88,6 +108,8 @@ class HpackDecoder:
                     name, value, pos = self._literal(block, pos, 6)
                     headers.append((name, value))
                     self._insert(name, value)
+                    if inserts is not None:
+                        inserts.append((name, value))
                 elif byte & 0x20:  # dynamic table size update
                     table_bytes, pos = _integer(block, pos, 5)
                     if table_bytes > self.max_table_bytes:
@@ -97,6 +119,7 @@ class HpackDecoder:
                     self.table_limit_bytes = table_bytes
                     self._evict(0)
                     self.generation += 1
+                    inserts = None
                     continue
                 else:  # literal without indexing / never indexed
                     name, value, pos = self._literal(block, pos, 4)
@@ -108,7 +131,7 @@ class HpackDecoder:
             raise HeaderListTooLarge(f"header list of {size} bytes, larger than the {limit} "
                                      "this server accepts (--h2-max-header-list-bytes)",
                                      ENHANCE_YOUR_CALM)
-        return headers, size
+        return headers, size, inserts
 
     def _literal(self, block: bytes, pos: int, prefix_bits: int) -> tuple[str, str, int]:
         index, pos = _integer(block, pos, prefix_bits)
@@ -124,6 +147,7 @@ class HpackDecoder:
             return _STATIC[index - 1]
         dynamic = index - len(_STATIC) - 1
         if 0 <= dynamic < len(self.table):
+            self._read_dynamic = True
             return self.table[dynamic]
         raise ProtocolError(f"HPACK index {index} out of range", COMPRESSION_ERROR)
 

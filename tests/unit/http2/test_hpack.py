@@ -77,3 +77,38 @@ def test_the_block_cache_is_bounded_in_bytes() -> None:
     assert decoder._cache_bytes <= 64 * 1024
     decoder.decode(encode_headers([("x-big", "v" * 4000)]))
     assert encode_headers([("x-big", "v" * 4000)]) not in decoder._cache  # too big to keep
+
+
+# HAProxy's h2 encoder sends the same bytes on every call: :authority, :path and content-type
+# as literals added to the dynamic table, which it never references
+PROXY_BLOCK = bytes.fromhex(
+    "8386410f3132372e302e302e313a3332303031442a2f696e666572656e63652e47525043496e666572656e"
+    "6365536572766963652f4d6f64656c496e6665725f106170706c69636174696f6e2f677270630002746508"
+    "747261696c657273")
+
+
+def test_a_repeated_block_that_only_adds_to_the_table_is_cached_and_replays_its_insertions(
+) -> None:
+    reference, decoder = Decoder(), HpackDecoder()
+    decoded = []
+    original = decoder._decode
+    decoder._decode = lambda block: decoded.append(block) or original(block)  # type: ignore
+    for _ in range(200):  # 3 insertions a call: the 4,096-byte table fills and evicts
+        assert decoder.decode(PROXY_BLOCK) == reference.decode(PROXY_BLOCK)
+    assert len(decoded) == 1
+    # the table is in step with the reference: blocks that index it read the same fields
+    for index in (62, 63, 64, 62 + len(decoder.table) - 1):
+        block = bytes([0x80 | 0x7F, index - 127]) if index >= 127 else bytes([0x80 | index])
+        assert decoder.decode(block) == reference.decode(block)
+    assert [(n.encode(), v.encode()) for n, v in decoder.table] == list(reference.header_table
+                                                                         .dynamic_entries)
+
+
+def test_a_block_that_reads_the_table_is_not_replayed_once_the_table_changed() -> None:
+    encoder, decoder = Encoder(), HpackDecoder()
+    first = encoder.encode([("x-a", "1")])  # adds x-a: 1 (index 62)
+    decoder.decode(first)
+    indexed_and_adding = bytes([0x80 | 62]) + b"\x40\x03x-b\x012"  # reads 62, adds x-b: 2
+    assert decoder.decode(indexed_and_adding) == [("x-a", "1"), ("x-b", "2")]
+    # x-b: 2 is now 62: the same bytes read it, and add x-b: 2 again
+    assert decoder.decode(indexed_and_adding) == [("x-b", "2"), ("x-b", "2")]
