@@ -371,7 +371,8 @@ def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> di
             note = (f" [while proxied: nodes {used:.2f} of their {args.nodes * args.node_cpus:g} "
                     f"CPU quota, HAProxy {proxy_cpus:.2f} CPU, generator {gen_cpus:.2f} CPU, "
                     f"box idle {idle:.0%} of {len(os.sched_getaffinity(0))} cores"
-                    + _starved_note(used < 0.9 * args.nodes * args.node_cpus, idle, protocol)
+                    + _starved_note(used, statistics.median(m.node_cpus for m in direct),
+                                    args.nodes, idle)
                     + "]")
         _verdict(verdicts, ratio >= GOAL_EFFICIENCY and errors == 0,
                  f"efficiency {model} {protocol}: {ratio:.2f} of {args.nodes} x direct "
@@ -379,15 +380,15 @@ def _efficiency(args: argparse.Namespace, work: Path, verdicts: list[str]) -> di
     return result
 
 
-def _starved_note(starved: bool, idle: float, protocol: str) -> str:
-    """Why the nodes stayed below their quota through the proxy, as far as the run shows."""
-    if not starved:
+def _starved_note(used: float, direct_used: float, nodes: int, idle: float) -> str:
+    """Why the nodes used less CPU through the proxy than one node driven directly (whose CPU
+    is the most a node of this protocol takes at this quota), as far as the run shows."""
+    if used >= 0.9 * nodes * direct_used:
         return ""
     if idle < 0.1:
-        return "; the nodes were starved below their quota: the shared cores are the limit"
-    return ("; the nodes stayed below their quota with cores idle: the proxied path does not "
-            "keep them busy" + (" (HAProxy carries every gRPC call to a node on one HTTP/2 "
-                                "connection)" if protocol == "gRPC" else ""))
+        return "; the nodes were starved below their direct CPU: the shared cores are the limit"
+    return ("; the nodes used less CPU than a node driven directly, with cores idle: the "
+            "proxied path does not keep them busy")
 
 
 def _efficiency_row(args: argparse.Namespace, model: str, protocol: str, direct: list[_Measured],

@@ -210,6 +210,27 @@ def isolation(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n" + _cpu(results)
 
 
+def instructions(results: dict[str, Any]) -> str:
+    """bench/instructions.py: CPU instructions per request, tree B over tree A, per mode and
+    client count (median of the repeats; each build's count in thousands beside it)."""
+    modes = list(results["runs"][0]["per_request"])
+    lines = ["| clients | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for run in results["runs"]:
+        cells = []
+        for mode in modes:
+            counts = run["per_request"].get(mode)
+            if counts is None:
+                cells.append("")
+                continue
+            a, b = statistics.median(counts["A"]), statistics.median(counts["B"])
+            cells.append(f"{b / a:.3f} ({a / 1000:,.0f}k / {b / 1000:,.0f}k)")
+        lines.append(f"| {run['concurrency']} | " + " | ".join(cells) + " |")
+    note = (f"B/A (A / B instructions per request), `{results['model']}`, median of "
+            f"{results['repeats']}; A = {results['a']}, B = {results['b']}. "
+            + results.get("transcribed", ""))
+    return "\n".join(lines) + "\n\n" + textwrap.fill(note, 99) + "\n" + _cpu(results)
+
+
 _EFFICIENCY = re.compile(r"efficiency (\S+) (.+?): ([0-9.]+) of")
 
 
@@ -263,6 +284,7 @@ RENDERERS: dict[str, tuple[tuple[str, ...], Callable[..., str]]] = {
     "ray-serve": (("ray-serve",), ray_serve),
     "gpu": (("gpu",), gpu),
     "isolation": (("isolation",), isolation),
+    "instructions": (("instructions",), instructions),
     "scale-measured": (("serving", "ray-serve", "cluster"), scale_measured),
 }
 
