@@ -8,7 +8,7 @@ process (parsing, limits, batching, the engine, the answer). Start-up cancels ou
 
 Requests go one at a time per client over keep-alive connections (HTTP/1.1, gRPC unary and
 one ModelStreamInfer stream per client), so every request makes the same trip through the
-server; more than one client lets batches form. One count repeats to within ~2% here (the
+server; more than one client lets batches form. One count repeats to within 2-5% here (the
 batcher's decisions and the loop's timers still follow the clock): take the median of repeats.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/instructions.py --a /path/to/before --b . \
