@@ -226,8 +226,7 @@ def instructions(results: dict[str, Any]) -> str:
             cells.append(f"{b / a:.3f} ({a / 1000:,.0f}k / {b / 1000:,.0f}k)")
         lines.append(f"| {run['concurrency']} | " + " | ".join(cells) + " |")
     note = (f"B/A (A / B instructions per request), `{results['model']}`, median of "
-            f"{results['repeats']}; A = {results['a']}, B = {results['b']}. "
-            + results.get("transcribed", ""))
+            f"{results['repeats']}; A = {results['a']}, B = {results['b']}.")
     return "\n".join(lines) + "\n\n" + textwrap.fill(note, 99) + "\n" + _cpu(results)
 
 
