@@ -56,10 +56,10 @@ def main() -> None:
     args.repository = servers.only(args.repository, [args.model], logs)
     spec = model_spec(model_file(args.repository, args.model))
     feeds = random_feeds(spec, batch=1, count=16, seed=0)
+    grpc = grpc_requests(args.model, feeds)
     loads = {"http-json": infer_requests(args.model, feeds, False, servers.HOST),
              "http-binary": infer_requests(args.model, feeds, True, servers.HOST),
-             "grpc-unary": grpc_requests(args.model, feeds),
-             "grpc-stream": grpc_requests(args.model, feeds)}
+             "grpc-unary": grpc, "grpc-stream": grpc}
     runs = []
     for concurrency in args.concurrency:
         per_request: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
