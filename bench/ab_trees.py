@@ -59,9 +59,7 @@ def main() -> None:
 
 def _measure(args: argparse.Namespace, tree: Path, loads: dict[str, list[bytes]],
              log: Path) -> list[tuple[str, float, float]]:
-    port, grpc_port = servers.free_port(), servers.free_port()
-    while grpc_port == port:
-        grpc_port = servers.free_port()
+    port, grpc_port = servers.free_ports(2)
     command = servers.serval_command(args.repository, port, 1, grpc_port)
     with servers.running(command, port, "/v2/health/ready", log, servers.tree_env(tree)):
         servers.get_json(port, f"/v2/models/{args.model}")
@@ -123,11 +121,7 @@ def _print(args: argparse.Namespace, rates: dict[tuple[str, str], list[float]],
 
 
 def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", type=Path, required=True, help="the 'before' source tree")
-    parser.add_argument("--b", type=Path, default=Path("."), help="the 'after' source tree")
-    parser.add_argument("--repository", type=Path, default=Path("examples/models"))
-    parser.add_argument("--model", default="mlp")
+    parser = servers.two_trees_parser(__doc__)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)

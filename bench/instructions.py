@@ -87,9 +87,7 @@ def main() -> None:
 def _count(args: argparse.Namespace, tree: Path, mode: str, requests: list[bytes], total: int,
            concurrency: int, stem: Path) -> int:
     """Instructions the server process ran from start to exit, having answered `total`."""
-    port, grpc_port = servers.free_port(), servers.free_port()
-    while grpc_port == port:
-        grpc_port = servers.free_port()
+    port, grpc_port = servers.free_ports(2)
     valgrind_log = stem.with_suffix(".valgrind")
     command = [*VALGRIND, f"--log-file={valgrind_log}",
                *servers.serval_command(args.repository, port, 1, grpc_port)]
@@ -184,11 +182,7 @@ def _print(args: argparse.Namespace, concurrency: int,
 
 
 def _parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", type=Path, required=True, help="the 'before' source tree")
-    parser.add_argument("--b", type=Path, default=Path("."), help="the 'after' source tree")
-    parser.add_argument("--repository", type=Path, default=Path("examples/models"))
-    parser.add_argument("--model", default="mlp")
+    parser = servers.two_trees_parser(__doc__)
     parser.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES),
                         help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--a-name", default="A", help="how the results name tree A")

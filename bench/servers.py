@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import orjson
 
-from serval.loadtest.server_process import DIRECT, HOST, free_port, running
+from serval.loadtest.server_process import DIRECT, HOST, free_port, free_ports, running
 
-__all__ = ["HOST", "fastapi_command", "free_port", "get_json", "running", "serval_command",
-           "tree_env", "trivial_command"]
+__all__ = [
+    "HOST",
+    "fastapi_command",
+    "free_port",
+    "free_ports",
+    "get_json",
+    "running",
+    "serval_command",
+    "tree_env",
+    "trivial_command",
+    "two_trees_parser",
+]
 
 
 def serval_command(repository: Path, port: int, workers: int, grpc_port: int) -> list[str]:
@@ -35,6 +46,17 @@ def only(repository: Path, models: list[str], where: Path) -> Path:
 def tree_env(tree: Path) -> dict[str, str]:
     """The environment that makes a child run another checkout's serval (its src/ on the path)."""
     return {"PYTHONPATH": str(tree.resolve() / "src")}
+
+
+def two_trees_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every bench comparing two checkouts takes: the trees, the repository and
+    the model served."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--a", type=Path, required=True, help="the 'before' source tree")
+    parser.add_argument("--b", type=Path, default=Path("."), help="the 'after' source tree")
+    parser.add_argument("--repository", type=Path, default=Path("examples/models"))
+    parser.add_argument("--model", default="mlp")
+    return parser
 
 
 def fastapi_command(repository: Path, port: int) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from serval.loadtest.server_process import free_port as free_port  # tests import it from here
+from serval.loadtest.server_process import free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -65,7 +63,7 @@ def start_server(repository: Path, log_path: Path, *extra: str,
     """Start `python -m serval serve` and wait until it has started: /v2/health/ready answers
     200, or 503 because a model that should serve does not (strict readiness; the test wants
     that model broken)."""
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
                "--http-port", str(port), "--grpc-port", str(grpc_port), *extra]
     log_file = log_path.open("wb")

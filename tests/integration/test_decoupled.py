@@ -106,11 +106,13 @@ def stream(server: RunningServer) -> Iterator[Stream]:
 
 
 def _wait_for_file(path: Path) -> str:
+    """The text the model wrote to `path`. The model writes with `write_text`, so the file can
+    exist before its text does: wait for the text, not just the name."""
     deadline = time.monotonic() + WAIT_S
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
+    while not (text := path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, f"{path.name} never appeared (or stayed empty)"
         time.sleep(0.05)
-    return path.read_text()
+    return text
 
 
 @pytest.mark.parametrize(("mode", "n", "empty_final", "expected"), [

@@ -22,9 +22,17 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never v
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports (each socket is held until all are chosen, so the
+    kernel cannot hand the same one out twice)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @contextlib.contextmanager
