@@ -133,6 +133,7 @@ def _parse_args() -> argparse.Namespace:
                         help="locality: seconds of warm-up, then as many measured")
     parser.add_argument("--hot-rate", type=int, default=ProxySettings.hot_rate)
     parser.add_argument("--balance-factor", type=int, default=ProxySettings.balance_factor)
+    parser.add_argument("--proxy-buffer-kib", type=int, default=ProxySettings.buffer_kib)
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     parser.add_argument("--node-arg", action="append", default=[],
                         help="one more `serve` flag for every node (repeat: --node-arg=--x)")
@@ -162,7 +163,8 @@ def _cluster(work: Path, label: str, repo: Path, nodes: int, node_cpus: float | 
                        grpc_port=free_port(), node_cpus=node_cpus,
                        node_args=("--log-level", "warning", *node_args),
                        proxy=ProxySettings(hot_rate=args.hot_rate,
-                                           balance_factor=args.balance_factor),
+                                           balance_factor=args.balance_factor,
+                                           buffer_kib=args.proxy_buffer_kib),
                        restart=False, run_dir=run_dir)
     cluster = LocalCluster(spec)
     started = time.perf_counter()

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None,
                                 reason="HAProxy is not installed (make setup installs it)")
 
 MODELS = [f"m{i}" for i in range(12)]
+WIDE = 40_000  # features of `wide`: one row is a 160 KB gRPC message, past the proxy's buffer
 HOT_RATE = 40  # requests/s: the sequential low-load phases stay under it
 X = np.linspace(-1, 1, 8, dtype=np.float32).reshape(1, 8)
 
@@ -40,6 +41,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cluster-models")
     for index, name in enumerate(MODELS):
         fixture_models.linear(root, name, seed=index)
+    fixture_models.linear(root, "wide", features=WIDE)
     return root
 
 
@@ -169,6 +171,20 @@ def test_at_low_load_each_models_requests_stay_on_one_node(cluster: LocalCluster
     assert len(set(homes.values())) > 1, homes  # the ring spreads models over nodes
 
 
+def test_a_grpc_message_larger_than_the_proxys_buffer_is_routed_by_its_model(
+        cluster: LocalCluster) -> None:
+    """The proxy reads the model's name from the first bytes of the message, so a request whose
+    message does not fit the proxy's buffer still lands on the model's node."""
+    client = _grpc(cluster)
+    x = np.linspace(-1, 1, WIDE, dtype=np.float32).reshape(1, WIDE)
+    for _ in range(6):
+        tensor = grpcclient.InferInput("x", [1, WIDE], "FP32")
+        tensor.set_data_from_numpy(x)
+        assert client.infer("wide", [tensor]).as_numpy("probabilities").shape == (1, 4)
+    served = _served(cluster, "wide")
+    assert len(served) == 1 and sum(served.values()) == 6, served
+
+
 def test_a_hot_model_spills_to_more_nodes_under_load(cluster: LocalCluster) -> None:
     with Load(cluster, ["m6"], threads=12) as load:
         load.wait_for(3000)
@@ -262,6 +278,8 @@ def test_cluster_command_up_status_add_remove_and_stop(repository: Path) -> None
     (["up", "-r", "{repo}", "--balance-factor", "50"], "balance factor must be > 100"),
     (["up", "-r", "/no/such/folder"], "is not a folder"),
     (["proxy-config", "--node", "10.0.0.1"], "expected [NAME=]HOST:HTTP"),
+    (["proxy-config", "--node", "10.0.0.1:8000", "--proxy-buffer-kib", "4"],
+     "the proxy's buffer must be 8-1024 KiB"),
     (["proxy-config"], "give either --node"),
     (["status", "--http-port", "1"], "no local cluster runs"),
     (["add-node", "--http-port", "1"], "no local cluster runs"),

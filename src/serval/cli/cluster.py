@@ -33,6 +33,9 @@ HOT_RATE = typer.Option(_PROXY.hot_rate, "--hot-rate",
 BALANCE = typer.Option(_PROXY.balance_factor, "--balance-factor",
                        help="A hot model's node takes at most this % of the average load.")
 THREADS = typer.Option(_PROXY.threads, "--proxy-threads", help="HAProxy's threads.")
+BUFFER = typer.Option(_PROXY.buffer_kib, "--proxy-buffer-kib",
+                      help="HAProxy's buffer per request: requests that fit are retried on "
+                      "another node; it also bounds request headers.")
 
 
 @app.command("up", cls=ServalCommand, context_settings={
@@ -51,6 +54,7 @@ def up_command(
     hot_rate: int = HOT_RATE,
     balance_factor: int = BALANCE,
     proxy_threads: int = THREADS,
+    proxy_buffer_kib: int = BUFFER,
 ) -> None:
     """Run N nodes and the proxy in the foreground; Ctrl-C or SIGTERM drains and stops all.
 
@@ -64,7 +68,7 @@ def up_command(
             repository.resolve(), nodes, host, http_port, grpc_port or None, node_cpus,
             tuple(a for a in ctx.args if a != "--"),
             ProxySettings(hot_rate=hot_rate, balance_factor=balance_factor,
-                          threads=proxy_threads))
+                          threads=proxy_threads, buffer_kib=proxy_buffer_kib))
     except ValueError as exc:
         fail(str(exc), 2)
     try:
@@ -178,6 +182,7 @@ def proxy_config_command(
     hot_rate: int = HOT_RATE,
     balance_factor: int = BALANCE,
     proxy_threads: int = THREADS,
+    proxy_buffer_kib: int = BUFFER,
     output: Path = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
 ) -> None:
     """Print the HAProxy configuration for a node list or a DNS name."""
@@ -189,7 +194,7 @@ def proxy_config_command(
         settings = ProxySettings(host=host, http_port=http_port, grpc_port=grpc_port or None,
                                  stats_socket=stats_socket, stats_port=stats_port,
                                  hot_rate=hot_rate, balance_factor=balance_factor,
-                                 threads=proxy_threads)
+                                 threads=proxy_threads, buffer_kib=proxy_buffer_kib)
         nodes: list[Node] | Discovery = (
             [Node.parse(spec, index + 1) for index, spec in enumerate(node)] if node else
             Discovery(dns, slots, node_http_port, node_grpc_port or None,

@@ -35,8 +35,12 @@ def test_rest_routes_on_the_models_path_segment_and_never_retries_control() -> N
 
 def test_grpc_routes_on_field_one_or_the_model_header_and_streams_are_not_retried() -> None:
     grpc = _section(render(ProxySettings(), NODES), "frontend grpc")
-    assert any("req.body,ungrpc(1)" in line and "!compressed" in line for line in grpc)
-    assert any("req.body,ungrpc(2)" in line and "control_call" in line for line in grpc)
+    # the name is read from the message's first bytes (after the 5-byte gRPC prefix), so a
+    # message larger than the proxy's buffer is routed too (ungrpc needs the whole message)
+    assert any("req.body,bytes(5),protobuf(1) if" in line and "!compressed" in line
+               for line in grpc)
+    assert any("req.body,bytes(5),protobuf(2) if" in line and "control_call" in line
+               for line in grpc)
     assert "http-request set-var(txn.model) req.hdr(serval-model) if model_header" in grpc
     assert "http-request disable-l7-retry if control_call || stream_call" in grpc
 
@@ -122,6 +126,14 @@ def test_duplicate_names_or_ids_and_a_low_balance_factor_are_refused() -> None:
         render(ProxySettings(), [NODES[0], Node("z", "10.0.0.9", 8000, id=1)])
     with pytest.raises(ValueError, match="balance factor"):
         ProxySettings(balance_factor=100)
+
+
+def test_the_buffer_size_is_a_setting_within_bounds() -> None:
+    assert "    tune.bufsize 16384" in render(ProxySettings(), NODES).splitlines()
+    assert "    tune.bufsize 65536" in render(ProxySettings(buffer_kib=64), NODES).splitlines()
+    for kib in (4, 2048):
+        with pytest.raises(ValueError, match="the proxy's buffer must be 8-1024 KiB"):
+            ProxySettings(buffer_kib=kib)
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="HAProxy is not installed")
