@@ -48,11 +48,23 @@ def busy(server_factory: Callable[..., RunningServer],
         assert infer(server.url, "linear", X).status == 200
     for _ in range(3):
         assert infer(server.url, "linear", BAD).status == 400
+    _wait_for_recent_figures(server)
     return server
 
 
+def _wait_for_recent_figures(server: RunningServer) -> None:
+    """Until the status window has sampled past the traffic (it samples about once a second),
+    so every test sees the same recent figures whichever runs first."""
+    deadline = time.monotonic() + 15
+    while True:
+        linear = {m["name"]: m for m in _get(server, "/status/models")["models"]}["linear"]
+        if linear["batch_mean"] is not None:
+            return
+        assert time.monotonic() < deadline, linear
+        time.sleep(0.1)
+
+
 def test_summary_counts_requests_errors_memory_and_models(busy: RunningServer) -> None:
-    time.sleep(1.2)  # one sample past the traffic
     summary = _get(busy, "/status")
     assert summary["requests_total"] == 43 and summary["errors_total"] == 3
     assert summary["recent"]["requests_per_s"] > 0
