@@ -21,8 +21,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 
 
-
-
 @dataclass
 class RunningServer:
     """A serval process started for a test; url is host:port for tritonclient."""
