@@ -62,11 +62,12 @@ from bench import procs, workloads
 from bench.timeline import TimelineLoad
 from serval.backends.onnxruntime import SESSION_OVERHEAD_BYTES
 from serval.cluster.haproxy import ProxySettings
-from serval.cluster.local import ClusterSpec, LocalCluster, free_port
+from serval.cluster.local import ClusterSpec, LocalCluster
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.loadtest.grpc_closed_loop import run_grpc_closed_loop
 from serval.loadtest.http_client import encode_http_request
 from serval.loadtest.stats import StepResult
+from serval.ports import free_ports
 from serval.repository import store
 
 HOST = "127.0.0.1"
@@ -159,8 +160,9 @@ def _cluster(work: Path, label: str, repo: Path, nodes: int, node_cpus: float | 
              args: argparse.Namespace, node_args: tuple[str, ...] = ()
              ) -> Iterator[LocalCluster]:
     run_dir = work / f"run-{label}"
-    spec = ClusterSpec(repository=repo, nodes=nodes, http_port=free_port(),
-                       grpc_port=free_port(), node_cpus=node_cpus,
+    http_port, grpc_port = free_ports(2)
+    spec = ClusterSpec(repository=repo, nodes=nodes, http_port=http_port,
+                       grpc_port=grpc_port, node_cpus=node_cpus,
                        node_args=("--log-level", "warning", *node_args),
                        proxy=ProxySettings(hot_rate=args.hot_rate,
                                            balance_factor=args.balance_factor,

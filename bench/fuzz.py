@@ -45,7 +45,7 @@ def main() -> None:
     fixture_models.linear(root)
     fixture_models.add_sub(root)
     fixture_models.embedding(root)
-    port, grpc_port = servers.free_port(), servers.free_port()
+    port, grpc_port = servers.free_ports(2)
     command = [*servers.serval_command(root, port, 1, grpc_port), "--max-request-mb", "16"]
     log = root / "server.log"
     with servers.running(command, port, "/v2/health/ready", log):

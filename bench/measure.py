@@ -38,7 +38,7 @@ def main() -> None:
     files = []
     with tempfile.TemporaryDirectory() as tmp:
         repository = servers.only(args.repository, args.models, Path(tmp))
-        port, grpc_port = servers.free_port(), servers.free_port()
+        port, grpc_port = servers.free_ports(2)
         command = servers.serval_command(repository, port, 1, grpc_port)
         with servers.running(command, port, "/v2/health/ready", Path(tmp) / "serval.log"):
             for model in args.models:

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from serval.cluster.cpu import CGROUP_ROOT, PERIOD_US
-from serval.cluster.local import free_port
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.loadtest.stats import StepResult
+from serval.ports import free_port
 
 HOST = "127.0.0.1"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024

@@ -61,8 +61,8 @@ def main() -> None:
 @contextlib.contextmanager
 def _serving(path: str, repo: Path, work: Path) -> Iterator[int]:
     if path == "standalone":
-        port = servers.free_port()
-        command = servers.serval_command(repo, port, 1, servers.free_port())
+        port, grpc_port = servers.free_ports(2)
+        command = servers.serval_command(repo, port, 1, grpc_port)
         with servers.running(command, port, "/v2/health/ready", work / "standalone.log"):
             yield port
     else:

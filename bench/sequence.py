@@ -188,7 +188,7 @@ def main() -> None:
     alone = in_process_steps_per_s(args.repository, pool, args.sequences, args.duration)
     repo = Path(tempfile.mkdtemp(prefix="serval-sequence-"))
     (repo / "lstm_step").symlink_to((args.repository / "lstm_step").resolve())
-    port, grpc_port = servers.free_port(), servers.free_port()
+    port, grpc_port = servers.free_ports(2)
     command = servers.serval_command(repo, port, 1, grpc_port)
     with servers.running(command, port, "/v2/models/lstm_step/ready", repo / "server.log"):
         pid = procs.server_pid(port)

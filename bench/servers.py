@@ -8,7 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from serval.loadtest.server_process import DIRECT, HOST, free_port, free_ports, running
+from serval.loadtest.server_process import DIRECT, HOST, running
+from serval.ports import free_port, free_ports
 
 __all__ = [
     "HOST",

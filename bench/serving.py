@@ -130,7 +130,7 @@ def _measure_model(args: argparse.Namespace, model: str, logs: Path) -> report.R
     if model in args.multi_worker_models and args.multi_workers != args.workers:
         worker_counts.append(args.multi_workers)
     for workers in worker_counts:
-        port, grpc_port = servers.free_port(), servers.free_port()
+        port, grpc_port = servers.free_ports(2)
         command = servers.serval_command(alone, port, workers, grpc_port)
         with servers.running(command, port, "/v2/health/ready",
                              logs / f"serval-{model}-w{workers}.log"):

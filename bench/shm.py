@@ -44,7 +44,7 @@ Call = Callable[[], np.ndarray]
 def main() -> None:
     args = _parse_args()
     repository = _identity_repository(Path(tempfile.mkdtemp(prefix="serval-shm-bench-")))
-    port, grpc_port = servers.free_port(), servers.free_port()
+    port, grpc_port = servers.free_ports(2)
     command = servers.serval_command(repository, port, 1, grpc_port)
     log = repository.parent / f"{repository.name}.log"
     with servers.running(command, port, "/v2/health/ready", log):

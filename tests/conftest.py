@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from serval.loadtest.server_process import free_port as free_port  # tests import it from here
-from serval.loadtest.server_process import free_ports
+from serval.ports import free_port as free_port  # tests import it from here
+from serval.ports import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"

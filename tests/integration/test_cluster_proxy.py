@@ -22,8 +22,8 @@ import pytest
 
 from serval.cluster.haproxy import ProxySettings
 from serval.cluster.local import ClusterSpec, LocalCluster
+from serval.ports import free_port, free_ports
 from tests import fixture_models
-from tests.conftest import free_port
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -47,7 +47,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    spec = ClusterSpec(repository, nodes=3, http_port=free_port(), grpc_port=free_port(),
+    http_port, grpc_port = free_ports(2)
+    spec = ClusterSpec(repository, nodes=3, http_port=http_port, grpc_port=grpc_port,
                        proxy=ProxySettings(hot_rate=HOT_RATE, check_interval_ms=500),
                        run_dir=tmp_path_factory.mktemp("cluster-run"))
     local = LocalCluster(spec)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from serval.ports import free_ports
 from tests import fixture_models
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def start_tls_server(tmp_path: Path, *extra: str) -> TlsServer:
     """`serval serve` with a fresh certificate, HTTPS and gRPC over TLS, answering once ready."""
     fixture_models.linear(tmp_path / "repo")
     cert, key = _certificate(tmp_path)
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     process = subprocess.Popen(
         [sys.executable, "-m", "serval", "serve", "--repository", str(tmp_path / "repo"),
          "--http-port", str(port), "--grpc-port", str(grpc_port), "--tls-cert", str(cert),

@@ -21,7 +21,7 @@ ROOT = "serval"
 # modules and units on lower floors only; units on one floor are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("serval", "errors"),  # the package itself (__version__) and the error vocabulary
-    ("stats", "protocol", "auth", "http2"),  # ground types, wire formats, HTTP/2 bits
+    ("stats", "protocol", "auth", "http2", "ports"),  # ground types, wire formats, HTTP/2 bits
     ("config", "observability"),  # settings (over the datatype table); metrics/logs over stats
     ("backends",),  # engines, behind backends.base
     ("batching",),  # per-model queue over one loaded model

@@ -25,6 +25,7 @@ from serval.cluster.cpu import CpuShare, plan_shares
 from serval.cluster.haproxy import Node, ProxySettings, render
 from serval.cluster.proxy import HaproxyProcess, RuntimeApi
 from serval.errors import ConfigError
+from serval.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,6 @@ def private_folder(path: Path) -> Path:
         raise ConfigError(f"the cluster's run folder {path} is not a private folder of this "
                           "user (another user's, a link, or writable by others): remove it")
     return path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -239,9 +234,11 @@ class LocalCluster:
     def _new_node(self) -> LocalNode:
         node_id = self._take_id()
         host = self.spec.host if self.spec.host not in ("0.0.0.0", "::") else "127.0.0.1"
-        grpc = free_port(host) if self.spec.grpc_port is not None else None
-        return LocalNode(Node(f"node{node_id}", host, free_port(host), grpc, free_port(host),
-                              node_id))
+        if self.spec.grpc_port is None:
+            (http, agent), grpc = free_ports(2, host), None
+        else:
+            http, agent, grpc = free_ports(3, host)
+        return LocalNode(Node(f"node{node_id}", host, http, grpc, agent, node_id))
 
     def _spawn(self, local: LocalNode, share: CpuShare | None) -> LocalNode:
         node = local.node

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -19,20 +18,6 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (each socket is held until all are chosen, so the
-    kernel cannot hand the same one out twice)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind((HOST, 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from serval.loadtest.runner import LoadtestSpec, prepare_requests, run_step
-from serval.loadtest.server_process import free_port, running
+from serval.loadtest.server_process import running
+from serval.ports import free_port
 
 
 @dataclass(frozen=True)
