@@ -99,6 +99,7 @@ bench-ray: setup models
 # writes docs/results/gpu.json and docs/serving.md's GPU table.
 bench-gpu: setup models
 	HF_HUB_OFFLINE=1 $(PY) bench/gpu_minilm.py --workers 1 4 --json-out docs/results/gpu.json
+	HF_HUB_OFFLINE=1 $(PY) bench/torch_threads.py
 	$(PY) bench/doc_tables.py
 
 # serval optimize against its goals (minilm/lstm INT8, graph optimization); prints PASS/MISS.

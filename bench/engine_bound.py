@@ -181,21 +181,12 @@ def _server(args: argparse.Namespace, repository: Path, model: str, tree: Path |
 
 def _step(port: int, model: str, requests: list[bytes], clients: int,
           duration: float) -> dict[str, Any]:
-    before = _batch_counts(port, model)
+    before = servers.engine_totals(port, model)
     step = run_closed_loop(servers.HOST, port, requests, clients, duration,
                            processes=1 if clients <= 256 else 2)
-    after = _batch_counts(port, model)
+    use = servers.engine_use(before, servers.engine_totals(port, model))
     return {"items_per_s": step.throughput_rps, "p50_ms": step.p50_ms, "p99_ms": step.p99_ms,
-            "errors": sum(step.errors.values()),
-            "mean_batch": (after[1] - before[1]) / max(1, after[0] - before[0])}
-
-
-def _batch_counts(port: int, model: str) -> tuple[int, int]:
-    """(engine executions, items inferred) from the model's Triton-style statistics."""
-    stats = servers.get_json(port, f"/v2/models/{model}/stats")["model_stats"]
-    executions = sum(int(s.get("execution_count", 0)) for s in stats)
-    items = sum(int(s.get("inference_count", 0)) for s in stats)
-    return executions, items
+            "errors": sum(step.errors.values()), "mean_batch": use["mean_batch"]}
 
 
 if __name__ == "__main__":

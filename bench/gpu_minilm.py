@@ -8,7 +8,11 @@ also do per batch: inputs copied host to device, the output copied back as FP32.
 sets each served model's max_batch_size. Served load: one item per request over binary REST at
 1 client (p50 against the engine's batch-1 latency) and at 64 / 256 clients, then 16 clients that
 each send whole best-size batches (where the server's per-request cost is spread over the batch).
-fp16 parity: cosine of the served fp16 embeddings against the raw fp32 ones.
+With one worker, each step also prints what the engine did meanwhile, from the server's
+statistics: the mean batch and the milliseconds per batch spent merging inputs, in the engine
+call and splitting outputs (the engine call, against the raw figure at that batch, shows how
+much slower the same program runs inside the server). fp16 parity: cosine of the served fp16
+embeddings against the raw fp32 ones.
 
 Without a GPU it runs on the CPU with short windows (a smoke test of the script, not a figure).
 `--weights` takes a Hugging Face folder of the same model (e.g. fp16 safetensors and config.json)
@@ -72,14 +76,14 @@ def main() -> None:
         print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
     else:
         print("no CUDA device: CPU smoke run, figures mean nothing")
-    encoder = _encoder(args.weights)
+    encoder = load_encoder(args.weights)
     repository = Path(tempfile.mkdtemp(prefix="serval-gpu-"))
     raw: dict[str, dict[int, tuple[float, float]]] = {}
     reference = _reference(encoder, device)
     for name, dtype in PRECISIONS.items():
         if name == "fp16" and not cuda:
             continue
-        program = _program(encoder, device, dtype)
+        program = traced_program(encoder, device, dtype)
         raw[name] = {b: _raw_rate(program, device, b, min(duration / 2, 3.0)) for b in batches}
         best = max(raw[name], key=lambda b: raw[name][b][0])
         model_dir = repository / f"minilm-{name}" / "1"
@@ -110,7 +114,7 @@ def main() -> None:
         args.json_out.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
 
 
-def _encoder(weights: Path | None) -> torch.nn.Module:
+def load_encoder(weights: Path | None) -> torch.nn.Module:
     from transformers import AutoModel
 
     path = weights or minilm_path()
@@ -118,7 +122,7 @@ def _encoder(weights: Path | None) -> torch.nn.Module:
     return MeanPooledEncoder(encoder).float().eval()
 
 
-def _inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def token_inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, 30_000, size=(batch, SEQ_LEN)).astype(np.int64)
     lengths = rng.integers(4, SEQ_LEN + 1, size=(batch, 1))
@@ -127,17 +131,18 @@ def _inputs(batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return ids * mask, mask
 
 
-def _program(encoder: torch.nn.Module, device: str, dtype: torch.dtype) -> torch.jit.ScriptModule:
+def traced_program(encoder: torch.nn.Module, device: str,
+                   dtype: torch.dtype) -> torch.jit.ScriptModule:
     import copy
 
     module = copy.deepcopy(encoder).to(device=device, dtype=dtype)
-    ids, mask = (torch.from_numpy(a).to(device) for a in _inputs(2))
+    ids, mask = (torch.from_numpy(a).to(device) for a in token_inputs(2))
     with torch.inference_mode():
         return torch.jit.freeze(torch.jit.trace(module, (ids, mask)).eval())
 
 
 def _reference(encoder: torch.nn.Module, device: str) -> np.ndarray:
-    ids, mask = _inputs(64, seed=7)
+    ids, mask = token_inputs(64, seed=7)
     module = encoder.to(device)
     with torch.inference_mode():
         out = module(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
@@ -148,7 +153,7 @@ def _reference(encoder: torch.nn.Module, device: str) -> np.ndarray:
 def _raw_rate(program: torch.jit.ScriptModule, device: str, batch: int,
               seconds: float) -> tuple[float, float]:
     """Items/s and median call latency (ms) with the copies serving also pays."""
-    ids, mask = _inputs(batch)
+    ids, mask = token_inputs(batch)
 
     def call() -> None:
         with torch.inference_mode():
@@ -169,7 +174,7 @@ def _raw_rate(program: torch.jit.ScriptModule, device: str, batch: int,
 def _requests(model: str, batch: int) -> list[bytes]:
     out = []
     for seed in range(16):
-        ids, mask = _inputs(batch, seed=100 + seed)
+        ids, mask = token_inputs(batch, seed=100 + seed)
         header = orjson.dumps({"inputs": [
             {"name": "input_ids", "datatype": "INT64", "shape": [batch, SEQ_LEN],
              "parameters": {"binary_data_size": ids.nbytes}},
@@ -183,7 +188,7 @@ def _requests(model: str, batch: int) -> list[bytes]:
 
 
 def _served_embeddings(port: int, model: str, max_batch: int) -> np.ndarray:
-    ids, mask = _inputs(64, seed=7)
+    ids, mask = token_inputs(64, seed=7)
     parts = []
     for start in range(0, 64, max_batch):
         rows = slice(start, start + max_batch)
@@ -221,27 +226,49 @@ def _serve_and_measure(repository: Path, raw: dict[str, dict[int, tuple[float, f
             print(f"served {model} ({workers} worker{'s' * (workers > 1)}), ceiling "
                   f"{ceiling:,.0f} items/s at batch {best}; cosine vs raw fp32 mean "
                   f"{cos.mean():.5f} min {cos.min():.5f}")
-            one = run_closed_loop(servers.HOST, port, _requests(model, 1), 1, duration)
+            engine = workers == 1  # with several, each statistics call reaches any one worker
+            one, use = _load_step(port, model, 1, 1, duration, 1, engine)
             print(f"  1 client: p50 {one.p50_ms:.2f} ms vs engine batch-1 {batch1_ms:.2f} ms "
-                  f"(+{one.p50_ms - batch1_ms:.2f} ms)")
+                  f"(+{one.p50_ms - batch1_ms:.2f} ms){_engine_line(use)}")
             mine = figures[name] = {"cosine_mean": float(cos.mean()),
                                     "cosine_min": float(cos.min()),
-                                    "one_client_p50_ms": one.p50_ms, "one_item": {}}
+                                    "one_client_p50_ms": one.p50_ms, "one_item": {},
+                                    "engine": {"1x1": use}}
             for clients in (64, 256):
-                step = run_closed_loop(servers.HOST, port, _requests(model, 1), clients, duration,
-                                       processes=processes)
+                step, use = _load_step(port, model, 1, clients, duration, processes, engine)
                 print(f"  {clients} clients x 1 item: {step.throughput_rps:,.0f} items/s = "
                       f"{step.throughput_rps / ceiling:.2f} of ceiling, p99 {step.p99_ms:.1f} ms, "
-                      f"errors {sum(step.errors.values())}")
+                      f"errors {sum(step.errors.values())}{_engine_line(use)}")
                 mine["one_item"][str(clients)] = step.throughput_rps
-            step = run_closed_loop(servers.HOST, port, _requests(model, best), 16, duration,
-                                   processes=processes)
+                mine["engine"][f"{clients}x1"] = use
+            step, use = _load_step(port, model, best, 16, duration, processes, engine)
             items = step.throughput_rps * best
             print(f"  16 clients x {best} items: {items:,.0f} items/s = "
                   f"{items / ceiling:.2f} of ceiling, p99 {step.p99_ms:.1f} ms, "
-                  f"errors {sum(step.errors.values())}")
+                  f"errors {sum(step.errors.values())}{_engine_line(use)}")
             mine["whole_batches"] = {"clients": 16, "items_per_s": items}
+            mine["engine"][f"16x{best}"] = use
     return figures
+
+
+def _load_step(port: int, model: str, batch: int, clients: int, duration: float,
+               processes: int, engine: bool) -> tuple[Any, dict[str, float] | None]:
+    """One closed-loop load and, with `engine`, what the engine did meanwhile (mean batch and
+    milliseconds per batch, from the server's statistics)."""
+    before = servers.engine_totals(port, model) if engine else None
+    step = run_closed_loop(servers.HOST, port, _requests(model, batch), clients, duration,
+                           processes=processes)
+    if before is None:
+        return step, None
+    return step, servers.engine_use(before, servers.engine_totals(port, model))
+
+
+def _engine_line(use: dict[str, float] | None) -> str:
+    if use is None:
+        return ""
+    return (f"\n    engine: batch mean {use['mean_batch']:.1f}, per batch "
+            f"{use['input_ms']:.2f} ms inputs + {use['infer_ms']:.2f} infer + "
+            f"{use['output_ms']:.2f} outputs")
 
 
 if __name__ == "__main__":

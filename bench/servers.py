@@ -72,3 +72,27 @@ def trivial_command(port: int) -> list[str]:
 def get_json(port: int, path: str) -> dict:
     with DIRECT.open(f"http://{HOST}:{port}{path}", timeout=10) as reply:
         return dict(orjson.loads(reply.read()))
+
+
+_ENGINE_TIMES = ("compute_input", "compute_infer", "compute_output")
+
+
+def engine_totals(port: int, model: str) -> dict[str, int]:
+    """A model's running engine totals from its Triton-style statistics, over its versions:
+    executions, items, and the nanoseconds spent forming inputs, inferring and splitting outputs
+    (with several workers, those of the one worker that answered)."""
+    totals = dict.fromkeys(("executions", "items", *_ENGINE_TIMES), 0)
+    for stats in get_json(port, f"/v2/models/{model}/stats")["model_stats"]:
+        totals["executions"] += int(stats.get("execution_count", 0))
+        totals["items"] += int(stats.get("inference_count", 0))
+        for name in _ENGINE_TIMES:
+            totals[name] += int(stats.get("inference_stats", {}).get(name, {}).get("ns", 0))
+    return totals
+
+
+def engine_use(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """Between two engine_totals: the mean batch and the engine's milliseconds per batch."""
+    runs = max(1, after["executions"] - before["executions"])
+    return {"mean_batch": (after["items"] - before["items"]) / runs,
+            **{f"{name.removeprefix('compute_')}_ms": (after[name] - before[name]) / runs / 1e6
+               for name in _ENGINE_TIMES}}
