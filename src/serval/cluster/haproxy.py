@@ -14,12 +14,15 @@ Routing (docs/design.md, "Scaling out"):
   while it drains, a weight from its free queue and memory in `spread`).
 - Connection failures, empty responses and 503s are retried on another node; repository
   control and streams are never retried after they were sent.
+- The proxy's own 500/502/503/504 answers are KServe errors (`{"error": ...}`), not HTML.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+import orjson
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HOST = re.compile(r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
@@ -208,7 +211,29 @@ def _defaults(s: ProxySettings) -> str:
     retries {s.retries}
     option redispatch 1
     retry-on conn-failure empty-response response-timeout 503
-"""
+{_errors(s)}"""
+
+
+def _errors(s: ProxySettings) -> str:
+    """The proxy's own answers in KServe's error form (`{"error": ...}`), not HAProxy's HTML.
+    HAProxy 2.6 still answers a malformed request, headers over its buffer (400) and headers
+    too slow to arrive (408) with its HTML pages: its connection layer sends those, and
+    configured errors do not reach it."""
+    messages = {
+        500: "the proxy failed to handle this request",
+        502: "bad gateway: the node serving this model sent an invalid response or closed "
+             "the connection",
+        503: "no node can take this request now (all are down, draining or full); retry later",
+        504: f"gateway timeout: the node serving this model did not answer within "
+             f"{s.timeout_server_s} s",
+    }
+    lines = []
+    for status, message in messages.items():
+        body = orjson.dumps({"error": message}).decode()
+        assert "'" not in body  # the body sits in single quotes (HAProxy's strong quoting)
+        lines.append(f"    http-error status {status} content-type application/json "
+                     f"string '{body}'" + (" hdr Retry-After 1" if status == 503 else ""))
+    return "\n".join(lines) + "\n"
 
 
 def _models_table(s: ProxySettings) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import orjson
 import pytest
 
 from serval.cluster.haproxy import Discovery, Node, ProxySettings, render
@@ -126,6 +128,21 @@ def test_duplicate_names_or_ids_and_a_low_balance_factor_are_refused() -> None:
         render(ProxySettings(), [NODES[0], Node("z", "10.0.0.9", 8000, id=1)])
     with pytest.raises(ValueError, match="balance factor"):
         ProxySettings(balance_factor=100)
+
+
+def test_the_proxys_own_errors_are_kserve_json() -> None:
+    rule = re.compile(r"^http-error status (\d+) content-type application/json "
+                      r"string '([^']+)'( hdr Retry-After 1)?$")
+    lines = [line for line in _section(render(ProxySettings(timeout_server_s=42), NODES),
+                                       "defaults") if line.startswith("http-error")]
+    matches = [rule.match(line) for line in lines]
+    assert all(matches), lines
+    errors = {m[1]: (orjson.loads(m[2])["error"], bool(m[3])) for m in matches if m}
+    assert sorted(errors) == ["500", "502", "503", "504"]
+    assert errors["504"][0].endswith("did not answer within 42 s")
+    assert errors["503"] == ("no node can take this request now (all are down, draining or "
+                             "full); retry later", True)
+    assert not any(retry for status, (_, retry) in errors.items() if status != "503")
 
 
 def test_the_buffer_size_is_a_setting_within_bounds() -> None:
