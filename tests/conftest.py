@@ -29,6 +29,7 @@ class RunningServer:
     port: int
     grpc_port: int
     log_path: Path
+    agent_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -56,18 +57,20 @@ class RunningServer:
         return self.process.returncode
 
 
-def start_server(repository: Path, log_path: Path, *extra: str,
+def start_server(repository: Path, log_path: Path, *extra: str, agent: bool = False,
                  timeout_s: float = 60.0) -> RunningServer:
     """Start `python -m serval serve` and wait until it has started: /v2/health/ready answers
     200, or 503 because a model that should serve does not (strict readiness; the test wants
-    that model broken)."""
-    port, grpc_port = free_ports(2)
+    that model broken). `agent`: it answers HAProxy's agent checks too, on a port of its own."""
+    port, grpc_port, *agent_port = free_ports(3 if agent else 2)
     command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
-               "--http-port", str(port), "--grpc-port", str(grpc_port), *extra]
+               "--http-port", str(port), "--grpc-port", str(grpc_port),
+               *(["--agent-port", str(agent_port[0])] if agent else []), *extra]
     log_file = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = RunningServer(process, port, grpc_port, log_path)
+    server = RunningServer(process, port, grpc_port, log_path,
+                           agent_port[0] if agent else None)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -91,9 +94,9 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     """Start servers on demand; every one is stopped at the end of the session."""
     started: list[RunningServer] = []
 
-    def factory(repository: Path, *extra: str) -> RunningServer:
+    def factory(repository: Path, *extra: str, agent: bool = False) -> RunningServer:
         log_path = tmp_path_factory.mktemp("serval-log") / "server.log"
-        server = start_server(repository, log_path, *extra)
+        server = start_server(repository, log_path, *extra, agent=agent)
         started.append(server)
         return server
 

@@ -40,10 +40,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def node(server_factory: Factory, repository: Path) -> tuple[RunningServer, int]:
-    agent_port = free_port()
-    server = server_factory(repository, "--node-name", NODE, "--agent-port", str(agent_port),
-                            "--max-url-bytes", "256")
-    return server, agent_port
+    server = server_factory(repository, "--node-name", NODE, "--max-url-bytes", "256",
+                            agent=True)
+    assert server.agent_port is not None
+    return server, server.agent_port
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +176,10 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0)
 
 def test_sigterm_turns_not_ready_and_serves_on_for_the_drain_delay(
         server_factory: Factory, repository: Path) -> None:
-    agent_port = free_port()
-    server = server_factory(repository, "--agent-port", str(agent_port), "--node-name", "n2",
-                            "--drain-delay-s", "2m")
+    server = server_factory(repository, "--node-name", "n2", "--drain-delay-s", "2m",
+                            agent=True)
+    agent_port = server.agent_port
+    assert agent_port is not None
     host, port = server.url.split(":")
     kept = http.client.HTTPConnection(host, int(port), timeout=30)  # open before SIGTERM
     try:
