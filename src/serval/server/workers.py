@@ -72,10 +72,11 @@ def choose_workers(config: ServerConfig, cores: int) -> WorkerChoice:
     if bound and not config.force_workers:
         raise ConfigError(
             f"--workers {requested} would serve {_name_bound(bound)} slower than one worker: "
-            f"each worker runs a call on 1/{requested} of the engine threads (a request takes "
-            f"longer) and gets 1/{requested} of the load (smaller batches, no more "
-            f"throughput). Serve engine-bound models with --workers 1 (or auto; --workers is "
-            f"for HTTP-bound models), or pass --force-workers")
+            f"each worker gets 1/{requested} of the load (smaller batches, no more "
+            f"throughput) and, on the CPU, runs a call on 1/{requested} of the engine threads "
+            f"(a request takes longer). Serve engine-bound models with --workers 1 (or auto; "
+            f"--workers is for HTTP-bound models), or pass --force-workers (on a GPU, several "
+            f"workers can pay where one item per request keeps one event loop busy)")
     return WorkerChoice(int(requested), "checked: no engine-bound model" if not bound else
                         f"--force-workers: {_name_bound(bound)}")
 
