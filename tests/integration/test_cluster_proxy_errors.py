@@ -26,9 +26,8 @@ pytestmark = [pytest.mark.integration,
 
 
 @contextlib.contextmanager
-def _proxy(tmp_path: Path, node_port: int, **settings: int) -> Iterator[int]:
-    """HAProxy on a free port in front of one node at node_port; yields the proxy's port."""
-    (port,) = free_ports(1)
+def _proxy(tmp_path: Path, port: int, node_port: int, **settings: int) -> Iterator[int]:
+    """HAProxy on `port` in front of one node at node_port; yields the proxy's port."""
     config = tmp_path / "haproxy.cfg"
     config.write_text(render(ProxySettings(http_port=port, grpc_port=None, retries=1,
                                            **settings),
@@ -52,9 +51,9 @@ def _proxy(tmp_path: Path, node_port: int, **settings: int) -> Iterator[int]:
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[int]:
     """In front of a node whose port nothing listens on."""
-    (absent,) = free_ports(1)
-    with _proxy(tmp_path, absent) as port:
-        yield port
+    port, absent = free_ports(2)
+    with _proxy(tmp_path, port, absent) as ready:
+        yield ready
 
 
 def _get(port: int, path: str, headers: dict[str, str] | None = None
@@ -87,7 +86,8 @@ def test_a_node_that_never_answers_is_a_504_naming_the_timeout(tmp_path: Path) -
     with socket.socket() as silent:  # connections complete in its backlog; nothing answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
-        with _proxy(tmp_path, silent.getsockname()[1], timeout_server_s=1) as port:
+        (free,) = free_ports(1)  # the silent node's port is held: it cannot be drawn
+        with _proxy(tmp_path, free, silent.getsockname()[1], timeout_server_s=1) as port:
             status, headers, body = _get(port, "/v2/models/m/ready")
     assert status == 504
     assert headers["content-type"] == "application/json"
