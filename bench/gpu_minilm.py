@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from bench.zoo import SEQ_LEN, MeanPooledEncoder, minilm_path
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.loadtest.http_client import encode_http_request
 from serval.loadtest.server_process import DIRECT
+from serval.loadtest.stats import StepResult
 
 BATCHES = (1, 8, 32, 64, 128, 256, 512)
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16}
@@ -150,16 +152,22 @@ def _reference(encoder: torch.nn.Module, device: str) -> np.ndarray:
     return out.float().cpu().numpy()
 
 
-def _raw_rate(program: torch.jit.ScriptModule, device: str, batch: int,
-              seconds: float) -> tuple[float, float]:
-    """Items/s and median call latency (ms) with the copies serving also pays."""
+def raw_call(program: torch.jit.ScriptModule, device: str, batch: int) -> Callable[[], None]:
+    """One in-process call at `batch` with the copies serving also pays: inputs to the device,
+    the output back as FP32."""
     ids, mask = token_inputs(batch)
 
     def call() -> None:
         with torch.inference_mode():
             out = program(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
             out.float().cpu().numpy()
+    return call
 
+
+def _raw_rate(program: torch.jit.ScriptModule, device: str, batch: int,
+              seconds: float) -> tuple[float, float]:
+    """Items/s and median call latency (ms) of raw_call."""
+    call = raw_call(program, device, batch)
     for _ in range(5):
         call()
     times: list[float] = []
@@ -252,7 +260,7 @@ def _serve_and_measure(repository: Path, raw: dict[str, dict[int, tuple[float, f
 
 
 def _load_step(port: int, model: str, batch: int, clients: int, duration: float,
-               processes: int, engine: bool) -> tuple[Any, dict[str, float] | None]:
+               processes: int, engine: bool) -> tuple[StepResult, dict[str, float] | None]:
     """One closed-loop load and, with `engine`, what the engine did meanwhile (mean batch and
     milliseconds per batch, from the server's statistics)."""
     before = servers.engine_totals(port, model) if engine else None

@@ -40,7 +40,7 @@ def main() -> None:
     encoder = gpu_minilm.load_encoder(args.weights)
     program = gpu_minilm.traced_program(encoder, device, torch.float32)
     pool, own = ThreadPoolExecutor(32), ThreadPoolExecutor(1)
-    list(pool.map(lambda _: _call(program, device, 1)(), range(64)))
+    list(pool.map(lambda _: gpu_minilm.raw_call(program, device, 1)(), range(64)))
 
     def timed(call: Callable[[], None], way: str, count: int) -> float:
         times = []
@@ -55,7 +55,7 @@ def main() -> None:
 
     print(f"device: {device}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     for batch in (1, 32, 128):
-        call = _call(program, device, batch)
+        call = gpu_minilm.raw_call(program, device, batch)
         for way in WAYS:
             timed(call, way, 10)
         runs = {way: [timed(call, way, calls) for _ in range(3)] for way in WAYS}
@@ -66,7 +66,7 @@ def main() -> None:
     busy.start()
     try:
         for batch in (1, 32):
-            call = _call(program, device, batch)
+            call = gpu_minilm.raw_call(program, device, batch)
             timed(call, "one", 3)
             print(f"batch {batch:3} beside a busy Python thread: one "
                   f"{timed(call, 'one', calls):.2f} ms, main {timed(call, 'main', calls):.2f} ms",
@@ -74,16 +74,6 @@ def main() -> None:
     finally:
         stop.set()
         busy.join()
-
-
-def _call(program: torch.jit.ScriptModule, device: str, batch: int) -> Callable[[], None]:
-    ids, mask = gpu_minilm.token_inputs(batch)
-
-    def call() -> None:
-        with torch.inference_mode():
-            out = program(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
-            out.float().cpu().numpy()
-    return call
 
 
 def _spin(stop: threading.Event) -> None:

@@ -62,15 +62,15 @@ def start_server(repository: Path, log_path: Path, *extra: str, agent: bool = Fa
     """Start `python -m serval serve` and wait until it has started: /v2/health/ready answers
     200, or 503 because a model that should serve does not (strict readiness; the test wants
     that model broken). `agent`: it answers HAProxy's agent checks too, on a port of its own."""
-    port, grpc_port, *agent_port = free_ports(3 if agent else 2)
+    ports = free_ports(3 if agent else 2)
+    port, grpc_port, agent_port = ports[0], ports[1], ports[2] if agent else None
     command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
                "--http-port", str(port), "--grpc-port", str(grpc_port),
-               *(["--agent-port", str(agent_port[0])] if agent else []), *extra]
+               *(["--agent-port", str(agent_port)] if agent_port else []), *extra]
     log_file = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    server = RunningServer(process, port, grpc_port, log_path,
-                           agent_port[0] if agent else None)
+    server = RunningServer(process, port, grpc_port, log_path, agent_port)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
