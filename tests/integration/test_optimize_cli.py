@@ -96,6 +96,12 @@ def test_a_parity_failure_exits_1_and_publishes_nothing(tmp_path: Path) -> None:
     (["tests.optimize_models:tiny_mlp", "--input", "x:float32:16", "--quantize", "int4"],
      "--quantize 'int4': expected one of int8-auto, int8-dynamic, int8-static, fp16"),
     (["model.onnx", "--publish", "repo"], "--publish needs --model NAME"),
+    (["tests.optimize_models:tiny_mlp", "--input", "x:float32:16", "--quantize", "int8-dynamic",
+      "--smooth", "1.5"], "--smooth 1.5: expected a number between 0 and 1"),
+    (["tests.optimize_models:tiny_mlp", "--input", "x:float32:16", "--quantize", "fp16",
+      "--smooth", "0.7"], "--smooth applies to INT8: add --quantize int8-auto"),
+    (["tests.optimize_models:tiny_mlp", "--input", "x:float32:16", "--quantize", "int8-dynamic",
+      "--smooth", "0.7"], "--smooth needs calibration data"),
 ])
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], reason: str) -> None:
     result = _serval("optimize", *args, "--out", str(tmp_path / "out"), "--no-measure")

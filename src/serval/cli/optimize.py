@@ -36,8 +36,13 @@ def optimize_command(
     exclude_ops: list[str] = typer.Option([], "--exclude-op",
                                           help="Keep every node of this op type (e.g. Softmax) "
                                                "in full precision."),
+    smooth: float = typer.Option(None, "--smooth", metavar="ALPHA",
+                                 help="INT8: move activation outliers into the weights first "
+                                      "(SmoothQuant) at this strength, between 0 and 1 (e.g. "
+                                      "0.7); reads calibration data. int8-auto tries 0.5-0.8."),
     keep_io_types: bool = typer.Option(True, help="FP16: keep FP32 inputs and outputs."),
-    calibration: Path = typer.Option(None, help="int8-static calibration: .npz or a folder."),
+    calibration: Path = typer.Option(None, help="Calibration data for int8-static and "
+                                     "smoothing: .npz or a folder."),
     samples: Path = typer.Option(None, help="Parity inputs: .npz or a folder of .npz."),
     text_tokenizer: Path = typer.Option(None, help="tokenizer.json: use the shipped sentences "
                                                    "for calibration and parity."),
@@ -62,14 +67,21 @@ def optimize_command(
         from serval.optimize import convert, parity, run
         from serval.optimize import quantize as quant
         from serval.optimize import report as report_module
+        from serval.optimize import smooth as smoothing
         from serval.repository import store
+
+        if smooth is not None:
+            if quantize is None or quantize == "fp16":
+                fail("--smooth applies to INT8: add --quantize int8-auto, int8-dynamic or "
+                     "int8-static")
+            smoothing.check_alpha(smooth)
 
         request = run.Request(
             source=source, out=out, inputs=[convert.parse_input(i) for i in inputs],
             output_names=output_names, optimize_graph=optimize_graph, num_heads=num_heads,
             hidden_size=hidden_size,
             quantize=quant.QuantizeOptions(quantize, per_channel, tuple(exclude_nodes),
-                                           tuple(exclude_ops), keep_io_types)
+                                           tuple(exclude_ops), keep_io_types, smooth=smooth)
             if quantize else None,
             calibration=calibration, samples=samples, text_tokenizer=text_tokenizer,
             parity_items=parity_items, sequence=sequence,

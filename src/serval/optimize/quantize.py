@@ -1,14 +1,16 @@
 """Step 3: INT8 dynamic, INT8 static (QDQ, calibrated, per-channel), or FP16, with named nodes
-(or every node of named op types, e.g. the final Softmax) kept in full precision."""
+(or every node of named op types, e.g. the final Softmax) kept in full precision; INT8 after
+activation smoothing (`smooth.py`) when asked."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from serval.errors import ConfigError
+from serval.optimize import smooth
 from serval.optimize.deps import require
 from serval.optimize.samples import Feeds, rows, take
 
@@ -26,6 +28,7 @@ class QuantizeOptions:
     exclude_ops: tuple[str, ...] = ()
     keep_io_types: bool = True
     reduce_range: bool = False
+    smooth: float | None = None  # activation smoothing's alpha (INT8 only; needs calibration)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,7 @@ class QuantizeResult:
     format: str
     excluded_nodes: tuple[str, ...]
     calibration_items: int
+    smoothing: str = ""
 
 
 def quantize(source: Path, out: Path, options: QuantizeOptions,
@@ -46,6 +50,21 @@ def quantize(source: Path, out: Path, options: QuantizeOptions,
     onnx = require("onnx")
     model = onnx.load(str(source))
     excluded = _excluded(model, options)
+    if options.smooth is None:
+        return _quiet(source, out, options, excluded, model, calibration)
+    if options.mode == "fp16":
+        raise ConfigError("--smooth applies to INT8 (--quantize int8-*), not to fp16")
+    smoothed = out.with_name(f"{out.stem}.smoothed.onnx")
+    try:
+        done = smooth.smooth(source, smoothed, calibration, options.smooth, excluded)
+        result = _quiet(smoothed, out, options, excluded, model, calibration)
+    finally:
+        smoothed.unlink(missing_ok=True)
+    return replace(result, smoothing=done.describe(), calibration_items=done.calibration_items)
+
+
+def _quiet(source: Path, out: Path, options: QuantizeOptions, excluded: tuple[str, ...],
+           model: Any, calibration: Feeds | None) -> QuantizeResult:
     root = logging.getLogger()  # the quantizer warns through the root logger
     level = root.level
     root.setLevel(logging.ERROR)

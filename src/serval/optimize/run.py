@@ -77,20 +77,22 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
             current = work / "graph.onnx"
         feeds, inputs_kind = _parity_inputs(request, specs)
         checked: parity.ParityResult | None = None  # int8-auto verified its choice already
+        calibration, calibration_kind = _calibration(request, specs)
         if request.quantize and request.quantize.mode == search.AUTO:
             progress("quantizing (int8-auto: trying recipes)")
             chosen, trials = search.search(
                 current, work, request.quantize,
                 lambda path: _verify(converted.reference, path, feeds, request.thresholds),
                 lambda paths: measure.interleaved_throughput(paths, feeds,
-                                                             threads=request.threads))
+                                                             threads=request.threads),
+                calibration)
             steps.append({"step": "quantize", **asdict(chosen.result), "mode": search.AUTO,
                           "recipe": chosen.candidate.name,
+                          "calibration": calibration_kind or "none: no smoothed recipes",
                           "search": [trial.as_dict() for trial in trials]})
             current, checked = chosen.path, chosen.parity
         elif request.quantize:
             progress(f"quantizing ({request.quantize.mode})")
-            calibration, calibration_kind = _calibration(request, specs)
             quantized = quantize.quantize(current, work / "quantized.onnx", request.quantize,
                                           calibration)
             steps.append({"step": "quantize", **asdict(quantized),
@@ -116,7 +118,12 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
 
 
 def _calibration(request: Request, specs: list[InputSpec]) -> tuple[Feeds | None, str]:
-    if request.quantize is None or request.quantize.mode != "int8-static":
+    """Static INT8 and smoothing read real data: the user's, or the shipped sentences' odd
+    lines (parity checks every line)."""
+    wanted = request.quantize is not None and (
+        request.quantize.mode in ("int8-static", search.AUTO)
+        or request.quantize.smooth is not None)
+    if not wanted:
         return None, ""
     if request.calibration:
         return samples.load_samples(request.calibration, specs), str(request.calibration)

@@ -1,5 +1,6 @@
-"""`--quantize int8-auto`: the recipes tried (embeddings and down-projections kept FP32 step by
-step), each verified for real, the fastest passing one chosen; none passing is reported."""
+"""`--quantize int8-auto`: the recipes tried (smoothed at a few alphas when calibration data is
+given; embeddings and down-projections kept FP32 step by step), each verified for real, the
+fastest passing one chosen; none passing is reported."""
 
 from __future__ import annotations
 
@@ -46,10 +47,24 @@ def test_the_recipes_keep_embeddings_then_more_and_more_down_projections(bert: P
         assert weights[nodes[name].input[1]] == (128, 64)
 
 
-def _search(bert: Path, work: Path, thresholds: Thresholds,
-            speeds: list[float]) -> tuple[search.Trial, list[search.Trial]]:
-    feeds = {"input_ids": np.random.default_rng(0).integers(1, 500, (64, 16)),
-             "attention_mask": np.ones((64, 16), dtype=np.int64)}
+def test_with_calibration_every_node_int8_is_also_tried_smoothed(bert: Path) -> None:
+    found = search.candidates(bert, (0.5, 0.7))
+    assert [c.name for c in found[:4]] == [
+        "every node INT8", "every node INT8, smoothed (alpha 0.5)",
+        "every node INT8, smoothed (alpha 0.7)", "embeddings FP32"]
+    assert [(c.kept, c.alpha) for c in found[1:3]] == [((), 0.5), ((), 0.7)]
+    assert all(c.alpha is None for c in found[3:])
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"input_ids": np.random.default_rng(seed).integers(1, 500, (64, 16)),
+            "attention_mask": np.ones((64, 16), dtype=np.int64)}
+
+
+def _search(bert: Path, work: Path, thresholds: Thresholds, speeds: list[float],
+            calibration: dict[str, np.ndarray] | None = None,
+            base: QuantizeOptions | None = None) -> tuple[search.Trial, list[search.Trial]]:
+    feeds = _feeds(0)
     reference = run.convert.convert(str(bert), work / "reference.onnx", [], []).reference
     timed: list[list[Path]] = []
 
@@ -60,9 +75,28 @@ def _search(bert: Path, work: Path, thresholds: Thresholds,
     def verify(path: Path) -> ParityResult:
         return run._verify(reference, path, feeds, thresholds)
 
-    found = search.search(bert, work, QuantizeOptions(search.AUTO), verify, time_all)
+    found = search.search(bert, work, base or QuantizeOptions(search.AUTO), verify, time_all,
+                          calibration)
     assert len(timed) <= 1  # the passing recipes are timed together, once
     return found
+
+
+def test_among_equally_fast_recipes_the_most_accurate_smoothed_one_wins(
+        bert: Path, tmp_path: Path) -> None:
+    chosen, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None),
+                             [100.0] * 8, calibration=_feeds(1))
+    assert [t.candidate.alpha for t in trials[:5]] == [None, *search.ALPHAS]
+    assert all(t.result.smoothing.startswith(f"alpha {t.candidate.alpha:g} on the inputs of ")
+               for t in trials[1:5])
+    unkept = [t for t in trials if not t.candidate.kept and t.parity.passed]
+    assert chosen in unkept  # one speed: no node kept FP32, then the worst row moved least
+    assert chosen.as_dict()["worst_cosine"] == max(t.as_dict()["worst_cosine"] for t in unkept)
+
+
+def test_the_users_alpha_is_the_only_one_tried(bert: Path, tmp_path: Path) -> None:
+    _, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None), [1.0] * 5,
+                        calibration=_feeds(1), base=QuantizeOptions(search.AUTO, smooth=0.6))
+    assert [t.candidate.alpha for t in trials if t.candidate.alpha] == [0.6]
 
 
 def test_the_fastest_recipe_that_passes_is_chosen(bert: Path, tmp_path: Path) -> None:
@@ -105,3 +139,17 @@ def test_the_run_reports_every_recipe_and_publishes_the_chosen_one(bert: Path,
     assert "## INT8 recipes tried (fastest passing chosen)" in page
     assert f"| {step['recipe']} |" in page
     assert not list((tmp_path / "out").glob("int8-auto-*"))  # trials stay in the work folder
+    assert step["calibration"] == "none: no smoothed recipes"
+
+
+def test_calibration_data_adds_the_smoothed_recipes_to_the_report(bert: Path,
+                                                                  tmp_path: Path) -> None:
+    np.savez(tmp_path / "calibration.npz", **_feeds(3))
+    request = run.Request(source=str(bert), out=tmp_path / "out",
+                          quantize=QuantizeOptions(search.AUTO, smooth=0.7),
+                          calibration=tmp_path / "calibration.npz", parity_items=64,
+                          sequence=16, thresholds=Thresholds(min_top1=None), measure=False)
+    step = run.run(request).report["steps"][-1]
+    assert step["calibration"] == str(tmp_path / "calibration.npz")
+    smoothed = [t for t in step["search"] if t["smooth_alpha"] is not None]
+    assert [t["recipe"] for t in smoothed] == ["every node INT8, smoothed (alpha 0.7)"]
