@@ -11,8 +11,10 @@ interleaved rounds, and the fastest wins (within 5% of it, the one with the fewe
 then the most accurate; none passing: the most accurate, reported as failing, never published).
 
 With calibration data, every node INT8 is also tried after activation smoothing at a few
-alphas (`smooth.py`): on `minilm` that kept the worst sentence at 0.987 with no node in FP32,
-where keeping nodes in FP32 cost ~6% of the speed per node.
+alphas (`smooth.py`), and as static QDQ. On `minilm` smoothing at 0.7 kept the worst sentence
+at 0.987 with no node in FP32, where keeping nodes in FP32 cost ~6% of the speed per node;
+static QDQ was the most accurate (0.996) but no faster than FP32 on the fused graph, where the
+quantizer reaches only the weights.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ ALPHAS = (0.5, 0.6, 0.7, 0.8)  # smoothing strengths tried (measured best on min
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One recipe: dynamic INT8 with these nodes kept in FP32, after smoothing at alpha."""
+    """One recipe: INT8 (dynamic unless said) with these nodes kept in FP32, after smoothing
+    at alpha."""
 
     name: str
     kept: tuple[str, ...]
     alpha: float | None = None
+    mode: str = "int8-dynamic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,8 @@ class Trial:
     def as_dict(self) -> dict[str, Any]:
         figures = self.parity.outputs
         return {"recipe": self.candidate.name, "kept_fp32": len(self.candidate.kept),
-                "smooth_alpha": self.candidate.alpha, "passed": self.parity.passed,
+                "mode": self.candidate.mode, "smooth_alpha": self.candidate.alpha,
+                "passed": self.parity.passed,
                 "mean_cosine": min((o.mean_cosine for o in figures
                                     if o.mean_cosine is not None), default=None),
                 "worst_cosine": min((o.min_cosine for o in figures
@@ -62,9 +67,10 @@ class Trial:
                 "items_per_s": self.items_per_s}
 
 
-def candidates(source: Path, alphas: tuple[float, ...] = ()) -> list[Candidate]:
-    """From every node quantized (as is, then smoothed at each alpha) to embeddings and every
-    down-projection kept FP32."""
+def candidates(source: Path, alphas: tuple[float, ...] = (),
+               static: bool = False) -> list[Candidate]:
+    """From every node quantized (as is, smoothed at each alpha, static QDQ if asked) to
+    embeddings and every down-projection kept FP32."""
     model = require("onnx").load(str(source))
     weights = {w.name: tuple(w.dims) for w in model.graph.initializer}
     embeddings = tuple(n.name for n in model.graph.node if n.op_type in EMBEDDING_OPS)
@@ -74,6 +80,9 @@ def candidates(source: Path, alphas: tuple[float, ...] = ()) -> list[Candidate]:
     found = [Candidate("every node INT8", ())]
     found += [Candidate(f"every node INT8, smoothed (alpha {alpha:g})", (), alpha)
               for alpha in alphas]
+    if static:
+        found.append(Candidate("every node INT8, static QDQ (calibrated)", (),
+                               mode="int8-static"))
     if embeddings:
         found.append(Candidate("embeddings FP32", embeddings))
     for count in sorted({math.ceil(len(down) * share) for share in (1 / 3, 1 / 2, 1)} - {0}):
@@ -89,12 +98,12 @@ def search(source: Path, work: Path, base: QuantizeOptions,
     """Every candidate quantized and verified; those that pass timed together (`time_all`:
     items/s per path, in interleaved rounds); the chosen trial and all of them. `base` carries
     the user's per-channel and exclusions, and the one alpha to smooth at if the user chose it;
-    smoothed recipes are tried only with calibration data."""
+    smoothed and static recipes are tried only with calibration data."""
     alphas = () if calibration is None else (base.smooth,) if base.smooth is not None else ALPHAS
     made = []
-    for index, candidate in enumerate(candidates(source, alphas)):
+    for index, candidate in enumerate(candidates(source, alphas, calibration is not None)):
         path = work / f"int8-auto-{index}.onnx"
-        options = QuantizeOptions("int8-dynamic", base.per_channel,
+        options = QuantizeOptions(candidate.mode, base.per_channel,
                                   tuple(dict.fromkeys((*base.exclude_nodes, *candidate.kept))),
                                   base.exclude_ops, base.keep_io_types, base.reduce_range,
                                   candidate.alpha)

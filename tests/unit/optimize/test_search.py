@@ -47,13 +47,15 @@ def test_the_recipes_keep_embeddings_then_more_and_more_down_projections(bert: P
         assert weights[nodes[name].input[1]] == (128, 64)
 
 
-def test_with_calibration_every_node_int8_is_also_tried_smoothed(bert: Path) -> None:
-    found = search.candidates(bert, (0.5, 0.7))
-    assert [c.name for c in found[:4]] == [
+def test_with_calibration_every_node_int8_is_also_tried_smoothed_and_static(bert: Path) -> None:
+    found = search.candidates(bert, (0.5, 0.7), static=True)
+    assert [c.name for c in found[:5]] == [
         "every node INT8", "every node INT8, smoothed (alpha 0.5)",
-        "every node INT8, smoothed (alpha 0.7)", "embeddings FP32"]
-    assert [(c.kept, c.alpha) for c in found[1:3]] == [((), 0.5), ((), 0.7)]
-    assert all(c.alpha is None for c in found[3:])
+        "every node INT8, smoothed (alpha 0.7)", "every node INT8, static QDQ (calibrated)",
+        "embeddings FP32"]
+    assert [(c.kept, c.alpha, c.mode) for c in found[1:4]] == [
+        ((), 0.5, "int8-dynamic"), ((), 0.7, "int8-dynamic"), ((), None, "int8-static")]
+    assert all(c.alpha is None and c.mode == "int8-dynamic" for c in found[4:])
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
@@ -84,17 +86,18 @@ def _search(bert: Path, work: Path, thresholds: Thresholds, speeds: list[float],
 def test_among_equally_fast_recipes_the_most_accurate_smoothed_one_wins(
         bert: Path, tmp_path: Path) -> None:
     chosen, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None),
-                             [100.0] * 8, calibration=_feeds(1))
+                             [100.0] * 9, calibration=_feeds(1))
     assert [t.candidate.alpha for t in trials[:5]] == [None, *search.ALPHAS]
     assert all(t.result.smoothing.startswith(f"alpha {t.candidate.alpha:g} on the inputs of ")
                for t in trials[1:5])
+    assert trials[5].result.format.startswith("QDQ") and trials[5].result.calibration_items == 64
     unkept = [t for t in trials if not t.candidate.kept and t.parity.passed]
     assert chosen in unkept  # one speed: no node kept FP32, then the worst row moved least
     assert chosen.as_dict()["worst_cosine"] == max(t.as_dict()["worst_cosine"] for t in unkept)
 
 
 def test_the_users_alpha_is_the_only_one_tried(bert: Path, tmp_path: Path) -> None:
-    _, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None), [1.0] * 5,
+    _, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None), [1.0] * 6,
                         calibration=_feeds(1), base=QuantizeOptions(search.AUTO, smooth=0.6))
     assert [t.candidate.alpha for t in trials if t.candidate.alpha] == [0.6]
 
