@@ -49,18 +49,22 @@ def test_smoothing_keeps_the_fp32_function_and_scales_every_target(bert: Path,
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
-def _outlier_matmul(path: Path, shared: bool = False) -> Path:
-    """x [B,64] @ W [64,32] (twice over one weight when shared)."""
+def _outlier_matmul(path: Path, shared: bool = False, gemm: bool = False) -> Path:
+    """x [B,64] @ W [64,32] (twice over one weight when shared); as a Gemm, W is stored
+    transposed ([32,64], transB=1) as torch exports a Linear layer, with a bias."""
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="first")]
+    matrix = rng.standard_normal((64, 32)).astype(np.float32)
+    weight = numpy_helper.from_array(matrix.T.copy() if gemm else matrix, "w")
+    nodes = [helper.make_node("Gemm", ["x", "w", "bias"], ["y"], name="first", transB=1)
+             if gemm else helper.make_node("MatMul", ["x", "w"], ["y"], name="first")]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 32])]
     if shared:
         nodes.append(helper.make_node("MatMul", ["x", "w"], ["z"], name="second"))
         outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", 32]))
     graph = helper.make_graph(nodes, "outlier",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64])],
-                              outputs, [weight])
+                              outputs, [weight, numpy_helper.from_array(
+                                  np.linspace(-1, 1, 32, dtype=np.float32), "bias")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -74,8 +78,10 @@ def _activations(items: int, seed: int) -> samples.Feeds:
     return {"x": x}
 
 
-def test_smoothing_cuts_the_int8_error_an_outlier_channel_causes(tmp_path: Path) -> None:
-    source = _outlier_matmul(tmp_path / "m.onnx")
+@pytest.mark.parametrize("gemm", [False, True], ids=["MatMul", "Gemm transB"])
+def test_smoothing_cuts_the_int8_error_an_outlier_channel_causes(tmp_path: Path,
+                                                                 gemm: bool) -> None:
+    source = _outlier_matmul(tmp_path / "m.onnx", gemm=gemm)
     calibration, held_out = _activations(256, 1), _activations(256, 2)
     plain = quantize.quantize(source, tmp_path / "plain.onnx", QuantizeOptions("int8-dynamic"))
     smoothed = quantize.quantize(source, tmp_path / "smoothed.onnx",
@@ -85,6 +91,9 @@ def test_smoothing_cuts_the_int8_error_an_outlier_channel_causes(tmp_path: Path)
     assert smoothed.calibration_items == 256
     assert not list(tmp_path.glob("*.smoothed.onnx"))  # the intermediate model is removed
     want = run_onnx(source, held_out)[0]
+    smooth.smooth(source, tmp_path / "fp32.onnx", calibration, 0.5)
+    np.testing.assert_allclose(run_onnx(tmp_path / "fp32.onnx", held_out)[0], want, rtol=1e-4,
+                               atol=1e-3)  # the same function before quantization
 
     def error(path: Path) -> float:
         return float(np.abs(run_onnx(path, held_out)[0] - want).mean())
