@@ -1,6 +1,6 @@
-"""`--quantize int8-auto`: the recipes tried (smoothed at a few alphas when calibration data is
-given; embeddings and down-projections kept FP32 step by step), each verified for real, the
-fastest passing one chosen; none passing is reported."""
+"""`--quantize int8-auto`: the recipes tried (smoothed at a few alphas and static QDQ when
+calibration data is given; embeddings and down-projections kept FP32 step by step), each
+verified for real, the fastest passing one chosen; none passing is reported."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def _search(bert: Path, work: Path, thresholds: Thresholds, speeds: list[float],
     return found
 
 
-def test_among_equally_fast_recipes_the_most_accurate_smoothed_one_wins(
+def test_among_equally_fast_recipes_with_no_fp32_node_the_most_accurate_wins(
         bert: Path, tmp_path: Path) -> None:
     chosen, trials = _search(bert, tmp_path, Thresholds(min_cosine=0.9, min_top1=None),
                              [100.0] * 9, calibration=_feeds(1))
