@@ -53,9 +53,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--served-rounds", type=int, default=3)
     parser.add_argument("--served-seconds", type=float, default=5.0)
+    parser.add_argument("--served-also", action="append", default=[], metavar="NAME=MODEL",
+                        help="also serve this ONNX file beside FP32 and int8-auto, in the same "
+                             "interleaved rounds (e.g. an earlier release's INT8 model, for a "
+                             "before/after in one run)")
     parser.add_argument("--json-out", type=Path, default=None,
                         help="the goals and rates as JSON (docs/results/optimize.json)")
     args = parser.parse_args()
+    also = _also(args.served_also)
     fp32 = args.repository / "minilm" / "1" / "model.onnx"
     tokenizer = args.repository / "tokenizer" / "1" / "tokenizer.json"
     with tempfile.TemporaryDirectory(prefix="serval-bench-optimize-") as tmp:
@@ -78,7 +83,7 @@ def main() -> int:
             "graph-optimized fp32, level=all": (graph.model, "all"),
             "int8 (graph + int8-dynamic), level=all": (int8.model, "all"),
         }, feeds, args)
-        served = _served(args, fp32, auto.model, work)
+        served = _served(args, fp32, auto.model, work, also)
         goals = _verdict(fp32, int8, graph, lstm, rates) + _auto_verdict(auto, served)
         _explain_lstm(lstm)
         if args.json_out:
@@ -104,16 +109,19 @@ def _optimize(source: str, out: Path, *, tokenizer: Path | None = None, graph: b
     return run.run(request)
 
 
-def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path) -> dict[str, Any]:
-    """FP32 and the int8-auto model served by one Serval (binary REST, one item per request,
-    64 clients), in interleaved rounds; the median items/s of each."""
+def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path,
+            also: dict[str, Path]) -> dict[str, Any]:
+    """FP32, the int8-auto model and any --served-also model served by one Serval (binary
+    REST, one item per request, 64 clients), in interleaved rounds; the median items/s of
+    each."""
     repository = work / "served"
-    for name, path in (("minilm", fp32), ("minilm-int8", int8)):
+    models = {"minilm": fp32, "minilm-int8": int8, **also}
+    for name, path in models.items():
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "1" / "model.onnx").symlink_to(path.resolve())
     spec = model_spec(fp32)
     port = servers.free_port()
-    rates: dict[str, list[float]] = {"minilm": [], "minilm-int8": []}
+    rates: dict[str, list[float]] = {name: [] for name in models}
     with servers.running(servers.serval_command(repository, port, 1, 0), port,
                          "/v2/health/ready", work / "serval.log"):
         feeds = random_feeds(spec, 1, 16, seed=0)
@@ -127,7 +135,22 @@ def _served(args: argparse.Namespace, fp32: Path, int8: Path, work: Path) -> dic
     print(f"\nminilm served at {SERVED_CLIENTS} clients (binary REST, median of "
           f"{args.served_rounds} interleaved rounds): FP32 {medians['minilm']:.1f}, int8-auto "
           f"{medians['minilm-int8']:.1f} items/s")
+    for name in list(models)[2:]:
+        print(f"  {name}: {medians[name]:.1f} items/s, {medians[name] / medians['minilm']:.2f}x "
+              f"FP32; int8-auto / {name}: {medians['minilm-int8'] / medians[name]:.2f}")
     return {"clients": SERVED_CLIENTS, "items_per_s": medians, "rounds": rates}
+
+
+def _also(pairs: list[str]) -> dict[str, Path]:
+    """--served-also NAME=MODEL pairs, checked before anything is measured."""
+    found: dict[str, Path] = {}
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        if not name or name in ("minilm", "minilm-int8") or not Path(path).is_file():
+            raise SystemExit(f"--served-also {pair!r}: expected NAME=MODEL, a new name and an "
+                             "existing .onnx file")
+        found[name] = Path(path)
+    return found
 
 
 def _auto_verdict(auto: run.Outcome, served: dict[str, Any]) -> list[dict[str, Any]]:
