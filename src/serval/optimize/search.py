@@ -29,6 +29,7 @@ from serval.optimize.deps import require
 from serval.optimize.parity import ParityResult
 from serval.optimize.quantize import QuantizeOptions, QuantizeResult, quantize
 from serval.optimize.samples import Feeds
+from serval.optimize.smooth import targets
 
 AUTO = "int8-auto"
 TIE = 0.05  # timings this close are one speed on a shared machine
@@ -69,9 +70,11 @@ class Trial:
 
 def candidates(source: Path, alphas: tuple[float, ...] = (),
                static: bool = False) -> list[Candidate]:
-    """From every node quantized (as is, smoothed at each alpha, static QDQ if asked) to
-    embeddings and every down-projection kept FP32."""
+    """From every node quantized (as is, smoothed at each alpha where smoothing has a node to
+    reach, static QDQ if asked) to embeddings and every down-projection kept FP32."""
     model = require("onnx").load(str(source))
+    if not targets(model):
+        alphas = ()  # each would be the unsmoothed model again
     weights = {w.name: tuple(w.dims) for w in model.graph.initializer}
     embeddings = tuple(n.name for n in model.graph.node if n.op_type in EMBEDDING_OPS)
     down = [n.name for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1

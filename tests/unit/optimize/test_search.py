@@ -14,6 +14,7 @@ import pytest
 from serval.optimize import report, run, search
 from serval.optimize.parity import ParityResult, Thresholds
 from serval.optimize.quantize import QuantizeOptions
+from tests import fixture_models
 from tests.optimize_models import tiny_bert
 
 pytestmark = pytest.mark.unit
@@ -56,6 +57,12 @@ def test_with_calibration_every_node_int8_is_also_tried_smoothed_and_static(bert
     assert [(c.kept, c.alpha, c.mode) for c in found[1:4]] == [
         ((), 0.5, "int8-dynamic"), ((), 0.7, "int8-dynamic"), ((), None, "int8-static")]
     assert all(c.alpha is None and c.mode == "int8-dynamic" for c in found[4:])
+
+
+def test_smoothing_is_not_tried_where_it_reaches_no_node(tmp_path: Path) -> None:
+    path = fixture_models.add_sub(tmp_path)  # Add and Sub only
+    assert [c.name for c in search.candidates(path, (0.5, 0.7), static=True)] == [
+        "every node INT8", "every node INT8, static QDQ (calibrated)"]
 
 
 def _feeds(seed: int) -> dict[str, np.ndarray]:
