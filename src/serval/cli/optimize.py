@@ -71,10 +71,7 @@ def optimize_command(
         from serval.repository import store
 
         if smooth is not None:
-            if quantize is None or quantize == "fp16":
-                fail("--smooth applies to INT8: add --quantize int8-auto, int8-dynamic or "
-                     "int8-static")
-            smoothing.check_alpha(smooth)
+            smoothing.check(smooth, quantize)
 
         request = run.Request(
             source=source, out=out, inputs=[convert.parse_input(i) for i in inputs],

@@ -28,8 +28,9 @@ class Measurement:
     graph_optimization_level: str
 
 
-def serving_session(path: Path, threads: int, level: str = "all") -> object:
-    """An ONNX Runtime session set up as `serval serve` sets one up by default."""
+def serving_session(path: Path | bytes, threads: int, level: str = "all") -> object:
+    """An ONNX Runtime session set up as `serval serve` sets one up by default (from a file,
+    or a serialized model)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -41,7 +42,8 @@ def serving_session(path: Path, threads: int, level: str = "all") -> object:
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}[level]
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def measure(path: Path, feeds: Feeds, *, duration_s: float = 2.0, threads: int | None = None,

@@ -52,8 +52,7 @@ def quantize(source: Path, out: Path, options: QuantizeOptions,
     excluded = _excluded(model, options)
     if options.smooth is None:
         return _quiet(source, out, options, excluded, model, calibration)
-    if options.mode == "fp16":
-        raise ConfigError("--smooth applies to INT8 (--quantize int8-*), not to fp16")
+    smooth.check(options.smooth, options.mode)
     smoothed = out.with_name(f"{out.stem}.smoothed.onnx")
     try:
         done = smooth.smooth(source, smoothed, calibration, options.smooth, excluded)

@@ -88,7 +88,8 @@ def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
                 calibration)
             steps.append({"step": "quantize", **asdict(chosen.result), "mode": search.AUTO,
                           "recipe": chosen.candidate.name,
-                          "calibration": calibration_kind or "none: no smoothed recipes",
+                          "calibration": calibration_kind
+                          or "none: no smoothed or static recipes",
                           "search": [trial.as_dict() for trial in trials]})
             current, checked = chosen.path, chosen.parity
         elif request.quantize:

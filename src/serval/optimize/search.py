@@ -56,16 +56,19 @@ class Trial:
     parity: ParityResult
     items_per_s: float | None  # timed only when parity holds
 
+    @property
+    def worst_cosine(self) -> float | None:
+        """The lowest row's cosine over every output that has one."""
+        return min((o.min_cosine for o in self.parity.outputs if o.min_cosine is not None),
+                   default=None)
+
     def as_dict(self) -> dict[str, Any]:
-        figures = self.parity.outputs
         return {"recipe": self.candidate.name, "kept_fp32": len(self.candidate.kept),
                 "mode": self.candidate.mode, "smooth_alpha": self.candidate.alpha,
                 "passed": self.parity.passed,
-                "mean_cosine": min((o.mean_cosine for o in figures
+                "mean_cosine": min((o.mean_cosine for o in self.parity.outputs
                                     if o.mean_cosine is not None), default=None),
-                "worst_cosine": min((o.min_cosine for o in figures
-                                     if o.min_cosine is not None), default=None),
-                "items_per_s": self.items_per_s}
+                "worst_cosine": self.worst_cosine, "items_per_s": self.items_per_s}
 
 
 def candidates(source: Path, alphas: tuple[float, ...] = (),
@@ -128,9 +131,5 @@ def choose(trials: list[Trial]) -> Trial:
         return trials[-1]
     best = max(t.items_per_s or 0.0 for t in passing)
     tied = [t for t in passing if (t.items_per_s or 0.0) >= best * (1 - TIE)]
-    return min(tied, key=lambda t: (len(t.candidate.kept), -_worst(t)))
-
-
-def _worst(trial: Trial) -> float:
-    worst = trial.as_dict()["worst_cosine"]
-    return -math.inf if worst is None else float(worst)
+    return min(tied, key=lambda t: (len(t.candidate.kept),
+                                    math.inf if t.worst_cosine is None else -t.worst_cosine))

@@ -17,6 +17,7 @@ unsmoothed, 0.987 at alpha 0.7, for a 2-4% slower call than without the Mul node
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from serval.errors import ConfigError
 from serval.optimize.deps import require
+from serval.optimize.measure import serving_session
 from serval.optimize.samples import Feeds, rows, take
 
 SMOOTHED_OPS = ("MatMul", "Gemm", "Attention")
@@ -45,8 +47,12 @@ class SmoothResult:
                 f"{self.calibration_items} calibration items")
 
 
-def check_alpha(alpha: float) -> None:
-    """Refuse an alpha outside (0, 1): at 0 or 1 one side keeps every outlier."""
+def check(alpha: float, mode: str | None) -> None:
+    """Refuse smoothing for a mode that is not INT8, or an alpha outside (0, 1): at 0 or 1
+    one side keeps every outlier."""
+    if mode is None or not mode.startswith("int8"):
+        raise ConfigError("--smooth applies to INT8: add --quantize int8-auto, int8-dynamic "
+                          "or int8-static")
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"--smooth {alpha:g}: expected a number between 0 and 1 (0.5 to 0.8 "
                           "usually; higher moves more of the activations' range into the "
@@ -57,7 +63,6 @@ def smooth(source: Path, out: Path, calibration: Feeds | None, alpha: float,
            skip: tuple[str, ...] = ()) -> SmoothResult:
     """Write source with its smoothable nodes' inputs smoothed to out; `skip` names nodes left
     as they are (e.g. those kept in FP32)."""
-    check_alpha(alpha)
     if calibration is None or rows(calibration) == 0:
         raise ConfigError("--smooth needs calibration data to read the activations' ranges: "
                           "--calibration PATH (.npz or a folder of .npz), or --text-tokenizer "
@@ -68,7 +73,7 @@ def smooth(source: Path, out: Path, calibration: Feeds | None, alpha: float,
     peaks = activation_peaks(model, [node.input[0] for node in nodes], calibration)
     weights = {w.name: w for w in model.graph.initializer}
     numpy_helper = onnx.numpy_helper
-    scaled: dict[str, str] = {}  # a scaled node's weight (read by it alone) -> inverse scale
+    scaled: dict[str, str] = {}  # a scaled node's weight (read by it alone) -> names' prefix
     for node in nodes:
         weight = numpy_helper.to_array(weights[node.input[1]]).astype(np.float32)
         rows_in = _transposed(node)  # Gemm transB=1 keeps the weight as [N, K]
@@ -80,23 +85,22 @@ def smooth(source: Path, out: Path, calibration: Feeds | None, alpha: float,
         scaled_weight = oriented * scale[:, None]
         weights[node.input[1]].CopyFrom(numpy_helper.from_array(
             np.ascontiguousarray(scaled_weight.T if rows_in else scaled_weight), node.input[1]))
-        inverse = f"{node.name or node.input[1]}/smooth_inverse"
-        model.graph.initializer.append(numpy_helper.from_array(1.0 / scale, inverse))
-        scaled[node.input[1]] = inverse
+        prefix = node.name or node.input[1]
+        model.graph.initializer.append(
+            numpy_helper.from_array(1.0 / scale, f"{prefix}/smooth_inverse"))
+        scaled[node.input[1]] = prefix
     _insert_muls(onnx, model, scaled)
     onnx.save(model, str(out))
     return SmoothResult(alpha, len(scaled), rows(calibration))
 
 
 def targets(model: Any) -> list[Any]:
-    """MatMul and Attention nodes with a float activation and a constant 2-D weight that no
-    other node reads (scaling a shared weight would change its other users)."""
+    """MatMul, Gemm (A not transposed) and Attention nodes with a float activation and a
+    constant 2-D weight that no other node reads (scaling a shared weight would change its
+    other users)."""
     weights = {w.name: w for w in model.graph.initializer}
-    uses: dict[str, int] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-    float_type = 1  # onnx.TensorProto.FLOAT
+    uses = Counter(name for node in model.graph.node for name in node.input)
+    float_type = require("onnx").TensorProto.FLOAT
     return [node for node in model.graph.node
             if node.op_type in SMOOTHED_OPS and len(node.input) > 1
             and not _attribute(node, "transA")
@@ -109,8 +113,6 @@ def activation_peaks(model: Any, names: list[str], calibration: Feeds) -> dict[s
     """The largest |value| of each last-axis channel of the named tensors over the calibration
     rows, every position included (dynamic INT8's range includes padding too)."""
     onnx = require("onnx")
-    import onnxruntime as ort
-
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     outputs = {o.name for o in probe.graph.output}
@@ -120,10 +122,8 @@ def activation_peaks(model: Any, names: list[str], calibration: Feeds) -> dict[s
         if name not in outputs and name not in inputs:
             probe.graph.output.append(
                 onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(probe.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    # unoptimized, so that every named tensor still exists to be read
+    session: Any = serving_session(probe.SerializeToString(), threads=0, level="disable")
     fetched = [name for name in wanted if name not in inputs]
     feed_names = {i.name for i in session.get_inputs()}
     peaks: dict[str, np.ndarray] = {}
@@ -160,12 +160,12 @@ def _insert_muls(onnx: Any, model: Any, scaled: dict[str, str]) -> None:
     for original in model.graph.node:
         node = onnx.NodeProto()  # a copy: the graph's own nodes are cleared below
         node.CopyFrom(original)
-        inverse = scaled.get(node.input[1]) if len(node.input) > 1 else None
-        if inverse is not None:
-            smoothed = inverse.removesuffix("/smooth_inverse") + "/smoothed_input"
-            ordered.append(onnx.helper.make_node("Mul", [node.input[0], inverse], [smoothed],
-                                                 name=smoothed.removesuffix("_input")))
-            node.input[0] = smoothed
+        prefix = scaled.get(node.input[1]) if len(node.input) > 1 else None
+        if prefix is not None:
+            ordered.append(onnx.helper.make_node(
+                "Mul", [node.input[0], f"{prefix}/smooth_inverse"],
+                [f"{prefix}/smoothed_input"], name=f"{prefix}/smooth"))
+            node.input[0] = f"{prefix}/smoothed_input"
         ordered.append(node)
     del model.graph.node[:]
     model.graph.node.extend(ordered)

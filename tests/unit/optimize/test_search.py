@@ -149,7 +149,7 @@ def test_the_run_reports_every_recipe_and_publishes_the_chosen_one(bert: Path,
     assert "## INT8 recipes tried (fastest passing chosen)" in page
     assert f"| {step['recipe']} |" in page
     assert not list((tmp_path / "out").glob("int8-auto-*"))  # trials stay in the work folder
-    assert step["calibration"] == "none: no smoothed recipes"
+    assert step["calibration"] == "none: no smoothed or static recipes"
 
 
 def test_calibration_data_adds_the_smoothed_recipes_to_the_report(bert: Path,

@@ -113,7 +113,7 @@ def test_a_shared_weight_and_a_skipped_node_are_left_alone(tmp_path: Path) -> No
 @pytest.mark.parametrize("alpha", [0.0, 1.0, -0.5, math.nan])
 def test_an_alpha_outside_zero_to_one_is_refused(alpha: float) -> None:
     with pytest.raises(ConfigError, match="expected a number between 0 and 1"):
-        smooth.check_alpha(alpha)
+        smooth.check(alpha, "int8-dynamic")
 
 
 def test_smoothing_without_calibration_or_for_fp16_is_refused(tmp_path: Path) -> None:
