@@ -293,6 +293,9 @@ class ServerConfig(_Strict):
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    trace_file: Path | None = Field(None, description="where sampled requests' traces go")
+    trace: dict[str, str | list[str]] = Field(
+        default_factory=dict, description="trace settings at start (observability/trace.py)")
     repository_api: bool | None = Field(
         None, description="load/unload over the API; None: on with model control lazy/explicit"
     )

@@ -22,6 +22,8 @@ from serval.errors import (
     ServalError,
     UnsupportedCall,
 )
+from serval.observability.log_settings import LogControl
+from serval.observability.trace import Tracer, Value
 from serval.protocol.classification import classify
 from serval.protocol.dtypes import lookup
 from serval.protocol.rest_codec import json_object
@@ -36,8 +38,8 @@ from serval.repository.triton_sequence import triton_sequence_batching
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "serval"
-EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_repository",
-              "parameters")
+EXTENSIONS = ("binary_tensor_data", "classification", "sequence", "statistics",
+              "model_configuration", "model_repository", "parameters", "logging", "trace")
 
 
 class DataPlane:
@@ -49,8 +51,11 @@ class DataPlane:
                  repository_api: bool = False,
                  max_tensor_elements: int = server_default("max_tensor_elements"),
                  strict_readiness: bool = server_default("strict_readiness"),
-                 shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 shared_memory: SharedMemoryRegistry | None = None,
+                 logs: LogControl | None = None, tracer: Tracer | None = None) -> None:
         self.registry = registry
+        self.logs = logs  # the logging extension; None: this process's logging is not ours
+        self.tracer = tracer or Tracer()
         self.shared_memory = shared_memory  # system shm regions; None: the extension is off
         self.strict_readiness = strict_readiness
         self.max_inflight = max_inflight
@@ -110,6 +115,21 @@ class DataPlane:
         shm = ("system_shared_memory",) if self.shared_memory is not None else ()
         return {"name": SERVER_NAME, "version": __version__,
                 "extensions": [*EXTENSIONS, *shm]}
+
+    def log_settings(self, changes: Mapping[str, object] | None = None) -> dict[str, Any]:
+        """The logging extension: the settings, after `changes` if given."""
+        if self.logs is None:
+            raise UnsupportedCall("this server's logging is configured by its host process")
+        return self.logs.update(changes) if changes is not None else self.logs.get()
+
+    def trace_settings(self, model: str | None, changes: Mapping[str, Any] | None = None
+                       ) -> dict[str, Value]:
+        """The trace extension: global or one model's settings, after `changes` if given."""
+        if model:
+            self.registry.get(model)  # ModelNotFound (404) for a model the server doesn't have
+        model = model or None
+        return self.tracer.update(model, changes) if changes is not None else \
+            self.tracer.settings(model)
 
     async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         async with self.registry.acquire(name, version) as served:
@@ -215,11 +235,15 @@ class DataPlane:
         (504).
         """
         deadline_ns = self._enter(request, received_ns, deadline_ns)
+        if self.tracer.active:
+            request.trace = self.tracer.start(name, received_ns)
         try:  # (no context manager here: this is every request's path)
             response = await self._infer_model(name, version, request, received_ns,
                                                deadline_ns)
         finally:
             self._inflight -= 1
+            if request.trace is not None:
+                self.tracer.finish(request.trace, time.perf_counter_ns())
         if request.outputs:  # outputs asked for in shared memory are written there
             write_outputs(self.shared_memory, request, response)
         return response
@@ -307,6 +331,8 @@ class DataPlane:
         each of which comes back through here); count it."""
         async with self.registry.acquire(name, version) as served:
             stats = served.stats
+            if request.trace is not None:
+                request.trace.model_version = served.version
             try:
                 metadata = _require_metadata(served)
                 if metadata.decoupled:  # Triton's words, then what to do

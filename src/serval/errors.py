@@ -106,3 +106,9 @@ class PermissionDenied(ServalError):
 
 class ConfigError(Exception):
     """A repository or config file is invalid; the message names the file and field."""
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A client's value as an error message quotes it: repr, cut to about `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

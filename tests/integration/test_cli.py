@@ -141,6 +141,14 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
         (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
          "cannot load them"),
         (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem"], "go together"),
+        (["serve", "-r", "/tmp", "--trace-config", "level=TIMESTAMPS"],
+         "tracing needs a trace file"),
+        (["serve", "-r", "/tmp", "--trace-file", "/tmp/t.json", "--trace-config", "rate=0"],
+         "'trace_rate' must be an integer >= 1"),
+        (["serve", "-r", "/tmp", "--trace-config", "sample=3"], "takes SETTING=VALUE"),
+        (["serve", "-r", "/tmp", "--trace-file", "/no/such/dir/t.json"], "does not exist"),
+        (["serve", "-r", "/tmp", "--trace-file", "/tmp/t.json", "--workers", "2"],
+         "--trace-file needs --workers 1"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from tests import triton_examples
 from tests.conftest import RunningServer
+from tests.integration.http_helpers import call
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -269,8 +270,8 @@ def test_a_version_that_is_no_number_is_an_invalid_argument(server: RunningServe
 
 
 def test_an_extension_not_served_is_not_found(server: RunningServer) -> None:
-    """A POST to Triton's logging extension (not served); system shared memory is served."""
-    client = httpclient.InferenceServerClient(server.url)
-    with pytest.raises(InferenceServerException) as caught:
-        client.update_log_settings({"log_verbose_level": 1})
-    assert caught.value.status() == "404"
+    """Triton's generate extension (not served) is a 404 with a JSON reason, not a 5xx."""
+    reply = call(server.url, "POST", "/v2/models/simple/generate", b'{"text_input": "hi"}')
+    assert reply.status == 404 and "generate" in reply.error
+    listed = httpclient.InferenceServerClient(server.url).get_server_metadata()["extensions"]
+    assert "generate" not in listed and "logging" in listed

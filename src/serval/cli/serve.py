@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
 from serval.config import MIB, ServerConfig, TransportLimits, server_default
-from serval.errors import ConfigError
+from serval.errors import ConfigError, ServalError
 
 KIB = 1024
 _BALANCER = "Behind a load balancer"
@@ -101,6 +101,14 @@ def serve_command(
         show_default="on for a loopback --host",
         help="Triton's system shared memory: clients that may infer register /dev/shm "
         "regions and pass tensors through them (off with --workers > 1)."),
+    trace_file: Path = typer.Option(
+        None, "--trace-file", metavar="PATH",
+        help="Write sampled requests' timestamps here as JSON (Triton's trace extension; "
+        "settings over /v2/trace/setting). Not with --workers > 1."),
+    trace_config: list[str] = typer.Option(
+        None, "--trace-config", metavar="SETTING=VALUE",
+        help="Trace setting at start, as Triton's flag (repeatable): level=TIMESTAMPS, "
+        "rate=N (every Nth request), count=N (-1: no limit), log-frequency=N."),
     node_name: str = typer.Option(
         None, "--node-name", metavar="NAME", rich_help_panel=_BALANCER,
         help="This node's name in the serval-node header of every answer (1-64 of "
@@ -204,7 +212,8 @@ def serve_command(
             max_tensor_elements=max_tensor_elements, limits=limits,
             strict_readiness=strict_readiness, shared_memory=shared_memory,
             node_name=node_name, node_header=node_header, agent_port=agent_port,
-            drain_delay_s=drain_delay_s,
+            drain_delay_s=drain_delay_s, trace_file=trace_file,
+            trace=_trace_settings(trace_file, trace_config or []),
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None
@@ -214,6 +223,8 @@ def serve_command(
         fail(f"model repository '{repository}' is not a directory")
     if isinstance(config.workers, int) and config.workers > 1 and http_port == 0:
         fail("--workers > 1 needs a fixed --http-port (the workers share it)")
+    if trace_file is not None and (config.workers == "auto" or config.worker_count > 1):
+        fail("--trace-file needs --workers 1 (every worker would write the same file)")
     if grpc_port and grpc_port == http_port:
         fail(f"--grpc-port and --http-port are both {grpc_port}")
     _check_tls(tls_cert, tls_key)
@@ -223,6 +234,32 @@ def serve_command(
         fail(str(exc))
     except OSError as exc:
         fail(str(exc) if exc.strerror is None else f"{exc.strerror}: {exc.filename or exc}")
+
+
+_TRACE_NAMES = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count",
+                "log-frequency": "log_frequency", "mode": "trace_mode"}
+
+
+def _trace_settings(trace_file: Path | None, items: list[str]) -> dict[str, Any]:
+    """--trace-config SETTING=VALUE flags (Triton's names, `triton,` prefix allowed) as the
+    trace extension's settings, checked as an API update would be."""
+    from serval.observability.trace import Tracer
+
+    settings: dict[str, Any] = {}
+    for item in items:
+        name, equals, value = item.removeprefix("triton,").partition("=")
+        if not equals or name not in _TRACE_NAMES:
+            raise typer.BadParameter(f"--trace-config takes SETTING=VALUE with SETTING one of "
+                                     f"{', '.join(_TRACE_NAMES)}, got {item!r}")
+        key = _TRACE_NAMES[name]
+        settings[key] = [*settings.get(key, []), value] if key == "trace_level" else value
+    if trace_file is not None and not trace_file.parent.is_dir():
+        raise typer.BadParameter(f"--trace-file: folder '{trace_file.parent}' does not exist")
+    try:
+        Tracer(trace_file, settings)
+    except ServalError as exc:
+        raise typer.BadParameter(f"--trace-config: {exc.message}") from None
+    return settings
 
 
 def _workers(text: str) -> int | str:

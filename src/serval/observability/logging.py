@@ -10,16 +10,22 @@ from typing import Any
 
 import orjson
 
+from serval.observability.log_settings import LogControl, LogSettings
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
 class JsonLineFormatter(logging.Formatter):
-    """Formats a record as one JSON object per line; extras become fields."""
+    """Formats a record as one JSON object per line; extras become fields. `whole_seconds`:
+    the time without its milliseconds (the logging extension's ISO8601 format)."""
+
+    whole_seconds = False
 
     def format(self, record: logging.LogRecord) -> str:
+        fraction = "" if self.whole_seconds else f".{int(record.msecs):03d}"
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            + fraction + "Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -32,13 +38,25 @@ class JsonLineFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def configure_logging(level: str = "info") -> None:
-    """Send every log record to stderr as JSON lines at the given level."""
+_control: LogControl | None = None
+
+
+def configure_logging(level: str = "info") -> LogControl:
+    """Send every log record to stderr as JSON lines at the given level; the settings that
+    the logging extension changes from then on."""
+    global _control
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    _control = LogControl(LogSettings.from_level(level))
+    return _control
+
+
+def log_control() -> LogControl | None:
+    """This process's log settings, if configure_logging set up its logging (None: a host
+    process such as a test runner owns it, and the logging extension is off)."""
+    return _control
 
 
 def report_internal_error(exc: BaseException, where: str, summary: str, detail: str) -> str:

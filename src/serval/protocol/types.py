@@ -64,6 +64,7 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     binary_output: bool = False
     shared_memory_inputs: dict[str, SharedMemoryInput] = field(default_factory=dict)
+    trace: Any = None  # observability.trace.Trace when this request is sampled for tracing
 
 
 @dataclass(slots=True)

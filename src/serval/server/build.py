@@ -18,12 +18,14 @@ from serval.backends.base import BackendOptions
 from serval.backends.cores import usable_cores
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
+from serval.observability.logging import log_control
 from serval.observability.metrics import (
     ModelMetricsCollector,
     RegistryGauges,
     RegistryMetricsCollector,
     build_registry,
 )
+from serval.observability.trace import Tracer
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.repository.backends import BackendTable
 from serval.repository.registry import ModelRegistry
@@ -78,7 +80,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
                           repository_api=config.repository_api_enabled,
                           max_tensor_elements=config.max_tensor_elements,
                           strict_readiness=config.strict_readiness,
-                          shared_memory=shared_memory_registry(config))
+                          shared_memory=shared_memory_registry(config),
+                          logs=log_control(), tracer=Tracer(config.trace_file, config.trace))
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
@@ -97,6 +100,7 @@ async def close_stack(stack: ServingStack) -> None:
         task.cancel()
     await stack.registry.drain()
     await stack.registry.close()
+    stack.dataplane.tracer.close()  # traces still waiting go to the trace file
     if stack.dataplane.shared_memory is not None:  # every client region unmapped
         released = stack.dataplane.shared_memory.close()
         log.info("shared memory released", extra={"regions": released})

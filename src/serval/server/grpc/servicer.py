@@ -108,6 +108,23 @@ class InferenceServicer(SharedMemoryRpcs):
         await _await(context, "RepositoryModelLoad", self._load(request))
         return pb.RepositoryModelLoadResponse()
 
+    async def LogSettings(self, request: Any, context: Context) -> pb.LogSettingsResponse:
+        """Triton's logging extension: no settings read them; settings change those named
+        (admin), and the answer is all of them."""
+        await self._authorize(context, Action.ADMIN if request.settings else Action.READ)
+        return await _answer(context, "LogSettings", lambda: _log_response(
+            self.dataplane.log_settings(_log_changes(request) if request.settings else None)))
+
+    async def TraceSetting(self, request: Any, context: Context) -> pb.TraceSettingResponse:
+        """Triton's trace extension, global or `model_name`'s. No settings read them (as
+        tritonclient's get_trace_settings sends it, model or not); a setting with no value
+        clears it."""
+        await self._authorize(context, Action.ADMIN if request.settings else Action.READ)
+        changes = {name: list(setting.value) or None
+                   for name, setting in request.settings.items()} if request.settings else None
+        return await _answer(context, "TraceSetting", lambda: _trace_response(
+            self.dataplane.trace_settings(request.model_name or None, changes)))
+
     async def _load(self, request: Any) -> None:
         """Load with `config` (string_param) and 'file:<path>' overrides (bytes_param)."""
         override, files = None, {}
@@ -190,6 +207,37 @@ async def _await(context: Context, rpc: str, pending: Awaitable[Reply]) -> Reply
     except ServalError as exc:
         await context.abort(*grpc_error(exc, rpc))
     raise AssertionError("unreachable: abort raises")
+
+
+def _log_changes(request: Any) -> dict[str, object]:
+    """A LogSettingsRequest's settings as Python values (bool, int, str)."""
+    changes: dict[str, object] = {}
+    for name, setting in request.settings.items():
+        kind = setting.WhichOneof("parameter_choice")
+        if kind is None:
+            raise InvalidInput(f"log setting '{name[:64]}' has no value")
+        changes[name] = getattr(setting, kind)
+    return changes
+
+
+def _log_response(settings: dict[str, Any]) -> pb.LogSettingsResponse:
+    response = pb.LogSettingsResponse()
+    for name, value in settings.items():
+        entry = response.settings[name]
+        if isinstance(value, bool):
+            entry.bool_param = value
+        elif isinstance(value, int):
+            entry.uint32_param = value
+        else:
+            entry.string_param = str(value)
+    return response
+
+
+def _trace_response(settings: dict[str, Any]) -> pb.TraceSettingResponse:
+    response = pb.TraceSettingResponse()
+    for name, value in settings.items():
+        response.settings[name].value.extend([value] if isinstance(value, str) else value)
+    return response
 
 
 def _token(context: Context) -> str | None:

@@ -83,6 +83,9 @@ class HttpApp:
         if not authorized:
             self._authorize(headers, parts, method)
         if parts[0] == "v2":
+            settings = _settings_path(parts)
+            if settings is not None:
+                return self._settings_route(method, *settings, body)
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
                 return await self._model_route(method, parts[2:], headers, body)
             if len(parts) >= 3 and parts[1] == "repository":
@@ -121,6 +124,19 @@ class HttpApp:
         if parts == ["openapi.json"]:
             return _json(openapi_document())
         return _not_found(method, "/v2/" + "/".join(parts))
+
+    def _settings_route(self, method: str, kind: str, model: str | None, body: bytes) -> Reply:
+        """Triton's logging (/v2/logging) and trace (/v2[/models/M]/trace/setting) extensions:
+        GET reads the settings, POST changes those it names and answers them all."""
+        if method not in ("GET", "POST"):
+            return _method_not_allowed(method, f"{kind} settings (use GET or POST)")
+        changes = None
+        if method == "POST":
+            changes = json_object(body, f"{kind} settings", "a JSON object") if body.strip() \
+                else {}
+        if kind == "log":
+            return _json(self.dataplane.log_settings(changes))
+        return _json(self.dataplane.trace_settings(model, changes))
 
     async def _model_route(
         self, method: str, parts: list[str], headers: RawHeaders, body: bytes
@@ -180,9 +196,23 @@ class HttpApp:
         ]
 
 
+def _settings_path(parts: list[str]) -> tuple[str, str | None] | None:
+    """("log", None) for /v2/logging, ("trace", model or None) for /v2[/models/M]/trace/setting,
+    else None."""
+    if parts == ["v2", "logging"]:
+        return "log", None
+    if parts == ["v2", "trace", "setting"]:
+        return "trace", None
+    if len(parts) == 5 and parts[1] == "models" and parts[3:] == ["trace", "setting"]:
+        return "trace", parts[2]
+    return None
+
+
 def _access(method: str, parts: list[str]) -> tuple[Action, str] | None:
     """The scope a request needs on which model, read from its path as `_route` reads it; None:
     open (health probes, the status page's assets) or refused before authorization (404, 405)."""
+    if _settings_path(parts) is not None:  # the server's logs and traces: admin to change
+        return (Action.ADMIN if method == "POST" else Action.READ), ""
     if parts[0] == "v2":
         if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
             name, _, action = _split_model_path(parts[2:])

@@ -25,6 +25,13 @@ def openapi_document() -> dict[str, Any]:
         "/v2/repository/models/{model}/load": {"post": _repository_action("Load or reload")},
         "/v2/repository/models/{model}/unload": {"post": _repository_action("Unload")},
         "/v2/openapi.json": {"get": _get("This description", "Object", [])},
+        "/v2/logging": _settings("Log settings (Triton's logging extension)", "LogSettings",
+                                 []),
+        "/v2/trace/setting": _settings("Trace settings (Triton's trace extension)",
+                                       "TraceSettings", []),
+        "/v2/models/{model}/trace/setting": _settings(
+            "A model's trace settings (a POST without settings clears them)", "TraceSettings",
+            [_MODEL]),
         "/metrics": {"get": _metrics()},
     }
     for prefix, params in (("/v2/models/{model}", [_MODEL]),
@@ -38,7 +45,8 @@ def openapi_document() -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {"title": "Serval KServe v2 REST API", "version": __version__,
                  "description": "The Open Inference Protocol (KServe v2) with Triton's "
-                                "statistics, configuration and repository extensions."},
+                                "statistics, configuration, repository, logging and trace "
+                                "extensions."},
         "paths": paths,
         "components": {"schemas": _schemas(),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
@@ -140,6 +148,20 @@ def _repository_action(verb: str) -> dict[str, Any]:
                           **_errors(400, 401, 403, 404, 503)}}
 
 
+def _settings(summary: str, schema: str, params: list[dict[str, Any]]) -> dict[str, Any]:
+    """GET reads the settings; POST changes those it names (admin) and answers them all."""
+    errors = (400, 401, 403, 404) if params else (400, 401, 403)
+    body = {"$ref": f"#/components/schemas/{schema}"}
+    return {"get": {"summary": summary, "parameters": params,
+                    "security": [{"bearer": []}, {}],
+                    "responses": {"200": _json_response(schema), **_errors(*errors)}},
+            "post": {"summary": f"Change: {summary}", "parameters": params,
+                     "security": [{"bearer": []}, {}],
+                     "requestBody": {"required": False,
+                                     "content": {"application/json": {"schema": body}}},
+                     "responses": {"200": _json_response(schema), **_errors(*errors)}}}
+
+
 def _schemas() -> dict[str, Any]:
     string_list = {"type": "array", "items": {"type": "string"}}
     tensor_properties: dict[str, Any] = {
@@ -153,6 +175,18 @@ def _schemas() -> dict[str, Any]:
         "Error": {"type": "object", "required": ["error"],
                   "properties": {"error": {"type": "string"}}},
         "Object": {"type": "object"},
+        "LogSettings": {"type": "object", "properties": {
+            "log_file": {"type": "string"}, "log_info": {"type": "boolean"},
+            "log_warnings": {"type": "boolean"}, "log_errors": {"type": "boolean"},
+            "log_verbose_level": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1},
+            "log_format": {"type": "string", "enum": ["default", "ISO8601"]}}},
+        "TraceSettings": {"type": "object", "additionalProperties": {
+            "oneOf": [{"type": "string"}, string_list]}, "properties": {
+            "trace_level": {"type": "array",
+                            "items": {"type": "string", "enum": ["OFF", "TIMESTAMPS"]}},
+            "trace_rate": {"type": "string"}, "trace_count": {"type": "string"},
+            "log_frequency": {"type": "string"}, "trace_file": {"type": "string"},
+            "trace_mode": {"type": "string", "enum": ["triton"]}}},
         "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"],
                            "properties": {"name": {"type": "string"},
                                           "version": {"type": "string"},
