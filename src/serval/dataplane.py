@@ -133,7 +133,7 @@ class DataPlane:
 
     async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
         async with self.registry.acquire(name, version) as served:
-            metadata = _require_metadata(served)
+            metadata = require_metadata(served)
         return {
             "name": name,
             "versions": self.registry.ready_versions(name),
@@ -154,7 +154,7 @@ class DataPlane:
     async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The model's configuration as Triton's model_configuration extension shows it."""
         async with self.registry.acquire(name, version) as served:
-            metadata = _require_metadata(served)
+            metadata = require_metadata(served)
         config = served.spec.config if served.spec else None
         batch_dims = 1 if metadata.max_batch_size > 0 else 0
         if config is not None and config.triton is not None:  # config.pbtxt, as it was read
@@ -334,7 +334,7 @@ class DataPlane:
             if request.trace is not None:
                 request.trace.model_version = served.version
             try:
-                metadata = _require_metadata(served)
+                metadata = require_metadata(served)
                 if metadata.decoupled:  # Triton's words, then what to do
                     raise UnsupportedCall(
                         f"model '{name}' is decoupled (0..n responses per request): a unary "
@@ -404,7 +404,8 @@ def output_labels(served: ServedModel, output: str) -> list[str] | None:
     return served.spec.config.labels.get(output) if served.spec else None
 
 
-def _require_metadata(served: ServedModel) -> ModelMetadata:
+def require_metadata(served: ServedModel) -> ModelMetadata:
+    """What the loaded model accepts and returns; ModelNotReady (with why) when not loaded."""
     if served.model is None:
         raise ModelNotReady(not_ready_message(served))
     return served.model.metadata

@@ -77,6 +77,22 @@ def test_scopes_decide_403(secured: tuple[RunningServer, dict[str, str]]) -> Non
     assert call(server.url, "POST", load, headers=_bearer(tokens["admin"])).status == 200
 
 
+def test_generate_needs_infer_and_settings_need_admin_to_change(
+        secured: tuple[RunningServer, dict[str, str]]) -> None:
+    server, tokens = secured
+    body = b'{"x": [0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]}'
+    for action in ("generate", "generate_stream"):
+        path = f"/v2/models/linear/{action}"
+        assert call(server.url, "POST", path, body).status == 401
+        assert call(server.url, "POST", path, body, _bearer(tokens["read"])).status == 403
+        assert call(server.url, "POST", path, body, _bearer(tokens["infer"])).status == 200
+    for path in ("/v2/logging", "/v2/trace/setting", "/v2/models/linear/trace/setting"):
+        assert call(server.url, "GET", path).status == 401
+        assert call(server.url, "GET", path, headers=_bearer(tokens["read"])).status == 200
+        assert call(server.url, "POST", path, b"{}", _bearer(tokens["read"])).status == 403
+        assert call(server.url, "POST", path, b"{}", _bearer(tokens["admin"])).status == 200
+
+
 def test_authorization_then_the_model_then_the_body(
     secured: tuple[RunningServer, dict[str, str]]
 ) -> None:

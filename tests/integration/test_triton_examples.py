@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import orjson
 import pytest
 
 from tests import triton_examples
@@ -269,9 +270,10 @@ def test_a_version_that_is_no_number_is_an_invalid_argument(server: RunningServe
     assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
 
 
-def test_an_extension_not_served_is_not_found(server: RunningServer) -> None:
-    """Triton's generate extension (not served) is a 404 with a JSON reason, not a 5xx."""
-    reply = call(server.url, "POST", "/v2/models/simple/generate", b'{"text_input": "hi"}')
-    assert reply.status == 404 and "generate" in reply.error
-    listed = httpclient.InferenceServerClient(server.url).get_server_metadata()["extensions"]
-    assert "generate" not in listed and "logging" in listed
+def test_the_simple_model_through_the_generate_extension(server: RunningServer) -> None:
+    """Triton's generate extension on a Triton repository's model: fields in, fields out."""
+    body = orjson.dumps({"INPUT0": INPUT0[0].tolist(), "INPUT1": INPUT1[0].tolist()})
+    reply = call(server.url, "POST", "/v2/models/simple/generate", body)
+    assert reply.status == 200, reply.body
+    assert reply.json()["OUTPUT0"] == (INPUT0[0] + INPUT1[0]).tolist()
+    assert reply.json()["OUTPUT1"] == (INPUT0[0] - INPUT1[0]).tolist()

@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from serval.config import TransportLimits
-from serval.server.http.app import RawHeaders, Reply
+from serval.server.http.app import RawHeaders
+from serval.server.http.errors import Reply
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.limits import TransportGuards
 

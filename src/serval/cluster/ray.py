@@ -30,8 +30,8 @@ from serval.cluster.replica import (
     start_stack,
     stop_stack,
 )
-from serval.server.http.app import RawHeaders, Reply
-from serval.server.http.errors import JSON_HEADERS, error_body
+from serval.server.http.app import RawHeaders
+from serval.server.http.errors import JSON_HEADERS, Reply, error_body
 
 log = logging.getLogger(__name__)
 

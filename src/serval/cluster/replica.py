@@ -13,7 +13,9 @@ from serval.cluster.mirror import RepositoryMirror
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
 from serval.server.build import ServingStack, build_stack, close_stack
-from serval.server.http.app import RawHeaders, Reply
+from serval.server.http.app import RawHeaders
+from serval.server.http.errors import Reply
+from serval.server.http.streamed import StreamedReply, collected
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,10 @@ def held_models(registry: ModelRegistry) -> set[str]:
 async def handle(stack: ReplicaStack, replica_id: str, method: str, path: str,
                  headers: RawHeaders, body: bytes) -> Reply:
     """The standalone server's routing, with the answering replica named in a header."""
-    status, payload, reply_headers = await stack.app.handle(method, path, headers, body)
+    reply = await stack.app.handle(method, path, headers, body)
+    if isinstance(reply, StreamedReply):  # Ray's handle answers whole bodies
+        reply = await collected(reply)
+    status, payload, reply_headers = reply
     reply_headers.append((REPLICA_HEADER, replica_id.encode()))
     return status, payload, reply_headers
 

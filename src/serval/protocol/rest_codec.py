@@ -56,6 +56,12 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     )
 
 
+def json_inputs(raw_inputs: list[dict[str, Any]]) -> TensorDict:
+    """Inputs given as v2 JSON tensors (name, datatype, shape, data; no binary data, no shared
+    memory), checked as an infer body's are: what the generate extension's fields become."""
+    return _decode_inputs(raw_inputs, _BinarySection(b"", 0), {})
+
+
 def encode_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
     """Encode outputs as JSON, binary where asked; returns (body, json header length or None)."""
     binary_by_name = _binary_choices(request)

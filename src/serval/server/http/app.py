@@ -20,22 +20,24 @@ from serval.protocol.rest_codec import decode_request, encode_response, json_obj
 from serval.server.http.errors import (
     JSON_HEADERS,
     BodyTooLarge,
-    Headers,
+    Reply,
     error_body,
     serval_error_response,
     unexpected_error_response,
 )
+from serval.server.http.generate_routes import ACTIONS as GENERATE
+from serval.server.http.generate_routes import generate
 from serval.server.http.openapi import openapi_document
 from serval.server.http.shm_routes import is_shared_memory_path, shared_memory_route
+from serval.server.http.streamed import StreamedReply
 from serval.server.http.ui.routes import StatusRoutes
 from serval.server.http.ui.status import ServerStatus
 
 log = logging.getLogger(__name__)
 
 RawHeaders = list[tuple[bytes, bytes]]  # lower-case names, as received
-Reply = tuple[int, bytes, Headers]
 
-_MODEL_ACTIONS = ("", "ready", "config", "stats", "infer")
+_MODEL_ACTIONS = ("", "ready", "config", "stats", "infer", *GENERATE)
 
 
 _SERVER_PATHS: tuple[list[str], ...] = (  # the GET routes of _server_route
@@ -54,7 +56,7 @@ class HttpApp:
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "", authorized: bool = False) -> Reply:
+                     query: str = "", authorized: bool = False) -> Reply | StreamedReply:
         """One complete request in, (status, body, headers) out; never raises. `authorized`:
         `precheck` already passed these headers (the token is not checked twice)."""
         try:
@@ -78,7 +80,7 @@ class HttpApp:
         return None
 
     async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str, authorized: bool) -> Reply:
+                     query: str, authorized: bool) -> Reply | StreamedReply:
         parts = path.strip("/").split("/")
         if not authorized:
             self._authorize(headers, parts, method)
@@ -140,13 +142,17 @@ class HttpApp:
 
     async def _model_route(
         self, method: str, parts: list[str], headers: RawHeaders, body: bytes
-    ) -> Reply:
+    ) -> Reply | StreamedReply:
         name, version, action = _split_model_path(parts)
         if action is None:
             return _not_found(method, "/v2/models/" + "/".join(parts))
-        if action == "infer":
+        if action == "infer" or action in GENERATE:
             if method != "POST":
-                return _method_not_allowed(method, "infer (use POST)")
+                return _method_not_allowed(method, f"{action} (use POST)")
+            if action != "infer":  # Triton's generate extension
+                body = _decompress(body, _infer_headers(headers)[1], self.max_body_bytes)
+                return await generate(self.dataplane, name, version, body,
+                                      action == "generate_stream")
             return await self._infer(name, version, headers, body)
         if method != "GET":
             return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())
@@ -218,7 +224,8 @@ def _access(method: str, parts: list[str]) -> tuple[Action, str] | None:
             name, _, action = _split_model_path(parts[2:])
             if action is None:
                 return None
-            return (Action.INFER if action == "infer" else Action.READ), name
+            return (Action.INFER if action == "infer" or action in GENERATE
+                    else Action.READ), name
         if len(parts) >= 3 and parts[1] == "repository":
             if method != "POST":
                 return None

@@ -8,6 +8,7 @@ from serval.errors import BackendError, ErrorCode, InvalidInput, Overloaded, Ser
 from serval.observability.logging import report_internal_error
 
 Headers = list[tuple[bytes, bytes]]
+Reply = tuple[int, bytes, Headers]  # status, body, headers: a whole answer
 JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
 
 HTTP_STATUS: dict[ErrorCode, int] = {

@@ -41,12 +41,14 @@ def openapi_document() -> dict[str, Any]:
         paths[prefix + "/config"] = {"get": _get("Model configuration", "Object", params)}
         paths[prefix + "/stats"] = {"get": _get("Model statistics", "Statistics", params)}
         paths[prefix + "/infer"] = {"post": _infer(params)}
+        paths[prefix + "/generate"] = {"post": _generate(params, stream=False)}
+        paths[prefix + "/generate_stream"] = {"post": _generate(params, stream=True)}
     return {
         "openapi": "3.0.3",
         "info": {"title": "Serval KServe v2 REST API", "version": __version__,
                  "description": "The Open Inference Protocol (KServe v2) with Triton's "
-                                "statistics, configuration, repository, logging and trace "
-                                "extensions."},
+                                "statistics, configuration, repository, logging, trace and "
+                                "generate extensions."},
         "paths": paths,
         "components": {"schemas": _schemas(),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
@@ -146,6 +148,21 @@ def _repository_action(verb: str) -> dict[str, Any]:
             "responses": {"200": {"description": "Done",
                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
                           **_errors(400, 401, 403, 404, 503)}}
+
+
+def _generate(params: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+    """Triton's generate extension: input fields in, output fields out (or as events)."""
+    fields = {"type": "object", "properties": {"text_input": {"type": "string"},
+                                               "parameters": {"type": "object"}}}
+    answer: dict[str, Any] = {"description": "OK", "content": {
+        "text/event-stream": {"schema": {"type": "string"}}}} if stream else _json_response(
+            "Object")
+    return {"summary": "Generate: one event per response (SSE)" if stream else
+            "Generate: the outputs as fields", "parameters": params,
+            "security": [{"bearer": []}, {}],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": fields}}},
+            "responses": {"200": answer, **_errors(400, 401, 403, 404, 413, 429, 500, 503, 504)}}
 
 
 def _settings(summary: str, schema: str, params: list[dict[str, Any]]) -> dict[str, Any]:

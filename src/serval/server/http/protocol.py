@@ -19,22 +19,27 @@ the cycle collector.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
-from serval.server.http.app import HttpApp, Reply
-from serval.server.http.errors import JSON_HEADERS, error_body
+from serval.server.http.app import HttpApp
+from serval.server.http.errors import JSON_HEADERS, Reply, error_body
 from serval.server.http.reader import Request, RequestReader
+from serval.server.http.streamed import StreamedReply
 from serval.server.http.timer import ConnectionTimer
 from serval.server.http.wire import (
     CONTINUE,
+    LAST_CHUNK,
     NO_SERVER_HEADERS,
     Refusal,
     ServerHeaders,
+    encode_chunk,
     encode_reply,
+    encode_stream_head,
     refusal,
 )
 from serval.server.limits import TransportGuards
@@ -249,20 +254,25 @@ class HttpProtocol(RequestReader):
                     self._send_refusal(item)
                     return
                 early_s = self.retry_at - self.loop.time() if self.retry_at else 0.0
+                reply: Reply | StreamedReply
                 if early_s > 0:  # a client ignoring Retry-After: no work for it, answer then
                     await asyncio.sleep(early_s)
-                    reply: Reply = (429, _TOO_EARLY_BODY,
-                                    [*JSON_HEADERS, (b"retry-after", self.retry_after)])
+                    reply = (429, _TOO_EARLY_BODY,
+                             [*JSON_HEADERS, (b"retry-after", self.retry_after)])
                 else:
                     reply = await self.app.handle(item.method, item.path, item.headers,
                                                   item.body, item.query, item.authorized)
-                if reply[0] == 429:
-                    self._note_refusal(reply[2])
                 if self.transport is None:
                     return
                 keep_alive = item.keep_alive and not self.closing
-                self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
-                                                  self.server_lines))
+                if isinstance(reply, StreamedReply):
+                    if not await self._stream(reply, keep_alive):
+                        return  # the client went away mid-answer
+                else:
+                    if reply[0] == 429:
+                        self._note_refusal(reply[2])
+                    self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
+                                                      self.server_lines))
                 if item.reserved:
                     self._release(item.reserved)
                 if not keep_alive:
@@ -283,6 +293,27 @@ class HttpProtocol(RequestReader):
             if self.continue_owed and not self.refused:
                 self.continue_owed = False
                 self._send_continue()
+
+    async def _stream(self, reply: StreamedReply, keep_alive: bool) -> bool:
+        """Write an answer as its pieces come (chunked), no faster than the client reads;
+        False when the connection closed first (the pieces' maker is stopped)."""
+        assert self.transport is not None
+        self.transport.write(encode_stream_head(reply.status, reply.headers, keep_alive,
+                                                self.server_lines))
+        async with contextlib.aclosing(reply.chunks) as chunks:
+            async for data in chunks:
+                if self.transport is None:
+                    return False
+                if data:
+                    self.transport.write(encode_chunk(data))
+                if self.write_paused:
+                    self.drained = self.loop.create_future()
+                    await self.drained
+                    self.drained = None
+        if self.transport is None:
+            return False
+        self.transport.write(LAST_CHUNK)
+        return True
 
     def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:
         """A request sent here before the Retry-After just given is refused when it elapses,

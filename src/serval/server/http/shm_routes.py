@@ -11,9 +11,8 @@ from serval.errors import InvalidInput
 from serval.protocol.rest_codec import json_object
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.protocol.shm_tensors import CUDA_UNSUPPORTED, DISABLED
-from serval.server.http.errors import JSON_HEADERS, Headers, error_body
+from serval.server.http.errors import JSON_HEADERS, Reply, error_body
 
-Reply = tuple[int, bytes, Headers]
 PREFIXES = ("systemsharedmemory", "cudasharedmemory")
 
 

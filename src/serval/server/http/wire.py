@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from serval.server.http.app import Reply
-from serval.server.http.errors import JSON_HEADERS, error_body
+from serval.server.http.errors import JSON_HEADERS, Reply, error_body
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
@@ -26,6 +25,26 @@ def encode_reply(reply: Reply, keep_alive: bool, head: bool = False,
         parts.append(b"connection: close\r\n")
     parts += [b"\r\n", b"" if head else body]
     return b"".join(parts)
+
+
+def encode_stream_head(status: int, headers: Sequence[tuple[bytes, bytes]], keep_alive: bool,
+                       server_lines: bytes = b"") -> bytes:
+    """The head of an answer whose body follows in chunks (encode_chunk, then LAST_CHUNK)."""
+    parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode(), server_lines]
+    parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+    parts.append(b"transfer-encoding: chunked\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def encode_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body; `data` must not be empty (that would end the body)."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
 
 
 class ServerHeaders:

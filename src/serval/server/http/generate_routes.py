@@ -1,0 +1,97 @@
+"""Triton's generate extension over HTTP: `POST /v2/models/M[/versions/V]/generate` answers
+one JSON object, `generate_stream` answers Server-Sent Events (`data: {...}`), one per response
+of a decoupled model as it sends it (a model that is not decoupled: one event). The body's
+fields become inputs and parameters (protocol/generate.py); the request then takes the infer
+path (admission, batching, statistics, traces). An error before the first response is an
+ordinary JSON error with its status; a later one is an event `{"error": ...}`, as in Triton.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+
+from serval.backends.base import ModelMetadata
+from serval.dataplane import DataPlane, require_metadata
+from serval.errors import ServalError, UnsupportedCall
+from serval.protocol.generate import generate_request, generate_response
+from serval.protocol.rest_codec import json_object
+from serval.protocol.types import InferRequest
+from serval.server.http.errors import JSON_HEADERS, Reply
+from serval.server.http.streamed import StreamedReply
+from serval.server.streams import infer_stream
+
+ACTIONS = ("generate", "generate_stream")
+_EVENT_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                  (b"cache-control", b"no-cache")]
+
+
+async def generate(dataplane: DataPlane, name: str, version: str | None, body: bytes,
+                   stream: bool) -> Reply | StreamedReply:
+    received_ns = time.perf_counter_ns()
+    dataplane.admit(name, version)  # 404 and 429 before the body is read
+    doc = json_object(body, "generate request", "a JSON object of input fields")
+    async with dataplane.registry.acquire(name, version) as served:
+        metadata = require_metadata(served)
+    batching = metadata.max_batch_size > 0
+    request = generate_request(doc, metadata.inputs, batching)
+    if metadata.decoupled:
+        if not stream:
+            raise UnsupportedCall(f"model '{name}' is decoupled (0..n responses per request): "
+                                  "use generate_stream")
+        events = _decoupled(dataplane, name, version, request, received_ns, metadata)
+    else:
+        response = await dataplane.infer(name, version, request, received_ns)
+        answer = generate_response(response, batching)
+        if not stream:
+            return 200, orjson.dumps(answer), list(JSON_HEADERS)
+        events = _one(answer)
+    try:  # the first response decides the status: a failure before it is a plain error
+        first = await anext(events)
+    except StopAsyncIteration:  # a decoupled model may answer nothing but its final flag
+        first = b""
+    except BaseException:
+        await events.aclose()
+        raise
+    return StreamedReply(200, list(_EVENT_HEADERS), _after(first, events))
+
+
+def _event(doc: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(doc) + b"\n\n"
+
+
+async def _one(doc: dict[str, Any]) -> AsyncGenerator[bytes, None]:
+    yield _event(doc)
+
+
+async def _after(first: bytes, rest: AsyncGenerator[bytes, None]
+                 ) -> AsyncGenerator[bytes, None]:
+    async with contextlib.aclosing(rest):
+        if first:
+            yield first
+        async for event in rest:
+            yield event
+
+
+async def _decoupled(dataplane: DataPlane, name: str, version: str | None,
+                     request: InferRequest, received_ns: int, metadata: ModelMetadata
+                     ) -> AsyncGenerator[bytes, None]:
+    batching = metadata.max_batch_size > 0
+    started = False
+    try:
+        async with contextlib.aclosing(
+                infer_stream(dataplane, name, version, request, received_ns)) as responses:
+            async for item in responses:
+                started = True
+                if item.error is not None:
+                    yield _event({"error": item.error.message})
+                elif not item.bare:
+                    yield _event(generate_response(item.response, batching))
+    except ServalError as exc:
+        if not started:
+            raise  # nothing sent yet: the answer is this error, with its status
+        yield _event({"error": exc.message})
