@@ -33,7 +33,7 @@ _EVENT_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
 async def generate(dataplane: DataPlane, name: str, version: str | None, body: bytes,
                    stream: bool) -> Reply | StreamedReply:
     received_ns = time.perf_counter_ns()
-    dataplane.admit(name, version)  # 404 and 429 before the body is read
+    dataplane.admit(name, version)  # 404 and 429 before the body is decoded
     doc = json_object(body, "generate request", "a JSON object of input fields")
     async with dataplane.registry.acquire(name, version) as served:
         metadata = require_metadata(served)
@@ -57,7 +57,7 @@ async def generate(dataplane: DataPlane, name: str, version: str | None, body: b
     except BaseException:
         await events.aclose()
         raise
-    return StreamedReply(200, list(_EVENT_HEADERS), _after(first, events))
+    return StreamedReply(200, list(_EVENT_HEADERS), first, events)
 
 
 def _event(doc: dict[str, Any]) -> bytes:
@@ -66,15 +66,6 @@ def _event(doc: dict[str, Any]) -> bytes:
 
 async def _one(doc: dict[str, Any]) -> AsyncGenerator[bytes, None]:
     yield _event(doc)
-
-
-async def _after(first: bytes, rest: AsyncGenerator[bytes, None]
-                 ) -> AsyncGenerator[bytes, None]:
-    async with contextlib.aclosing(rest):
-        if first:
-            yield first
-        async for event in rest:
-            yield event
 
 
 async def _decoupled(dataplane: DataPlane, name: str, version: str | None,

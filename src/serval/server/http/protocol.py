@@ -263,6 +263,8 @@ class HttpProtocol(RequestReader):
                     reply = await self.app.handle(item.method, item.path, item.headers,
                                                   item.body, item.query, item.authorized)
                 if self.transport is None:
+                    if isinstance(reply, StreamedReply):
+                        await reply.rest.aclose()
                     return
                 keep_alive = item.keep_alive and not self.closing
                 if isinstance(reply, StreamedReply):
@@ -297,11 +299,12 @@ class HttpProtocol(RequestReader):
     async def _stream(self, reply: StreamedReply, keep_alive: bool) -> bool:
         """Write an answer as its pieces come (chunked), no faster than the client reads;
         False when the connection closed first (the pieces' maker is stopped)."""
-        assert self.transport is not None
-        self.transport.write(encode_stream_head(reply.status, reply.headers, keep_alive,
-                                                self.server_lines))
-        async with contextlib.aclosing(reply.chunks) as chunks:
-            async for data in chunks:
+        async with contextlib.aclosing(reply.rest) as rest:
+            assert self.transport is not None
+            self.transport.write(encode_stream_head(reply.status, reply.headers, keep_alive,
+                                                    self.server_lines))
+            data = reply.first
+            while True:
                 if self.transport is None:
                     return False
                 if data:
@@ -310,6 +313,10 @@ class HttpProtocol(RequestReader):
                     self.drained = self.loop.create_future()
                     await self.drained
                     self.drained = None
+                try:
+                    data = await anext(rest)
+                except StopAsyncIteration:
+                    break
         if self.transport is None:
             return False
         self.transport.write(LAST_CHUNK)
