@@ -85,7 +85,7 @@ class HttpApp:
         if not authorized:
             self._authorize(headers, parts, method)
         if parts[0] == "v2":
-            settings = _settings_path(parts)
+            settings = _settings_path(parts) if parts[-1] in ("logging", "setting") else None
             if settings is not None:
                 return self._settings_route(method, *settings, body)
             if len(parts) >= 3 and parts[1] == "models" and parts[2] != "stats":
