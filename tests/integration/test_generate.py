@@ -183,3 +183,20 @@ def test_closing_the_connection_mid_stream_stops_the_model(
         assert time.monotonic() < deadline, "the model was not cancelled"
         time.sleep(0.05)
     assert json.loads(marker.read_text())["request"] is True
+
+
+def test_a_stream_past_its_deadline_ends_with_an_error_and_stops_the_model(
+        connection: http.client.HTTPConnection, repository: Path) -> None:
+    connection.request("POST", "/v2/models/modes/generate_stream", body=orjson.dumps(
+        {"MODE": models.MODES["until_cancelled"], "N": 0, "id": "generate-deadline"}),
+        headers={"Serval-Timeout-Ms": "500"})
+    reply = connection.getresponse()
+    events = _events(reply.read())  # the body ends: the server ended the stream
+    assert reply.status == 200 and events[0]["OUT"] == 0
+    assert "deadline (Serval-Timeout-Ms) passed" in events[-1]["error"]
+    marker = repository / "modes" / "cancelled-generate-deadline"
+    deadline = time.monotonic() + 30
+    while not marker.exists() or not marker.read_text():
+        assert time.monotonic() < deadline, "the model was not cancelled"
+        time.sleep(0.05)
+    assert json.loads(marker.read_text())["request"] is True

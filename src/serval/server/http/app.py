@@ -150,9 +150,13 @@ class HttpApp:
             if method != "POST":
                 return _method_not_allowed(method, f"{action} (use POST)")
             if action != "infer":  # Triton's generate extension
-                body = _decompress(body, _infer_headers(headers)[1], self.max_body_bytes)
-                return await generate(self.dataplane, name, version, body,
-                                      action == "generate_stream")
+                received_ns = time.perf_counter_ns()
+                _, encoding, timeout_ms = _infer_headers(headers)
+                return await generate(
+                    self.dataplane, name, version,
+                    _decompress(body, encoding, self.max_body_bytes),
+                    action == "generate_stream", received_ns,
+                    deadline_after(received_ns, timeout_ms))
             return await self._infer(name, version, headers, body)
         if method != "GET":
             return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())

@@ -8,6 +8,7 @@ ordinary JSON error with its status; a later one is an event `{"error": ...}`, a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator
@@ -17,7 +18,7 @@ import orjson
 
 from serval.backends.base import ModelMetadata
 from serval.dataplane import DataPlane, require_metadata
-from serval.errors import ServalError, UnsupportedCall
+from serval.errors import DeadlineExceeded, ServalError, UnsupportedCall
 from serval.protocol.generate import generate_request, generate_response
 from serval.protocol.rest_codec import json_object
 from serval.protocol.types import InferRequest
@@ -31,9 +32,11 @@ _EVENT_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
 
 
 async def generate(dataplane: DataPlane, name: str, version: str | None, body: bytes,
-                   stream: bool) -> Reply | StreamedReply:
-    received_ns = time.perf_counter_ns()
-    dataplane.admit(name, version)  # 404 and 429 before the body is decoded
+                   stream: bool, received_ns: int, deadline_ns: int | None = None
+                   ) -> Reply | StreamedReply:
+    """`deadline_ns` (Serval-Timeout-Ms): a request still queued then is dropped (504), and a
+    stream still running then ends with an error event, its request cancelled in the model."""
+    dataplane.admit(name, version, deadline_ns)  # 404 and 429 before the body is decoded
     doc = json_object(body, "generate request", "a JSON object of input fields")
     async with dataplane.registry.acquire(name, version) as served:
         metadata = require_metadata(served)
@@ -43,9 +46,10 @@ async def generate(dataplane: DataPlane, name: str, version: str | None, body: b
         if not stream:
             raise UnsupportedCall(f"model '{name}' is decoupled (0..n responses per request): "
                                   "use generate_stream")
-        events = _decoupled(dataplane, name, version, request, received_ns, metadata)
+        events = _decoupled(dataplane, name, version, request, received_ns, deadline_ns,
+                            metadata)
     else:
-        response = await dataplane.infer(name, version, request, received_ns)
+        response = await dataplane.infer(name, version, request, received_ns, deadline_ns)
         answer = generate_response(response, batching)
         if not stream:
             return 200, orjson.dumps(answer), list(JSON_HEADERS)
@@ -69,14 +73,24 @@ async def _one(doc: dict[str, Any]) -> AsyncGenerator[bytes, None]:
 
 
 async def _decoupled(dataplane: DataPlane, name: str, version: str | None,
-                     request: InferRequest, received_ns: int, metadata: ModelMetadata
-                     ) -> AsyncGenerator[bytes, None]:
+                     request: InferRequest, received_ns: int, deadline_ns: int | None,
+                     metadata: ModelMetadata) -> AsyncGenerator[bytes, None]:
     batching = metadata.max_batch_size > 0
     started = False
+    responses = infer_stream(dataplane, name, version, request, received_ns, deadline_ns)
     try:
-        async with contextlib.aclosing(
-                infer_stream(dataplane, name, version, request, received_ns)) as responses:
-            async for item in responses:
+        async with contextlib.aclosing(responses):
+            while True:
+                left_s = None if deadline_ns is None else max(
+                    0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+                try:  # past the deadline the wait is cancelled, and so is the request
+                    item = await asyncio.wait_for(anext(responses), left_s)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise DeadlineExceeded("the request's deadline (Serval-Timeout-Ms) passed "
+                                           "while the model was still answering; the request "
+                                           "is cancelled") from None
                 started = True
                 if item.error is not None:
                     yield _event({"error": item.error.message})
