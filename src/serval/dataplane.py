@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "serval"
 EXTENSIONS = ("binary_tensor_data", "classification", "sequence", "statistics",
-              "model_configuration", "model_repository", "parameters", "logging", "trace")
+              "model_configuration", "model_repository", "model_repository(unload_dependents)",
+              "parameters", "logging", "trace")
 
 
 class DataPlane:
@@ -200,11 +201,16 @@ class DataPlane:
         self._asked.add(name)
         self._unloaded.discard(name)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model; `unload_dependents` (Triton's): a pipeline's step models too."""
         self._require_repository_api("unload")
-        await self.registry.unload(name)
-        self._asked.discard(name)
-        self._unloaded.add(name)
+        steps = self.registry.step_models(name) if unload_dependents else []
+        for model in [name, *steps]:
+            if model != name and model not in self.registry.model_names():
+                continue  # a step model the repository no longer has: nothing to unload
+            await self.registry.unload(model)
+            self._asked.discard(model)
+            self._unloaded.add(model)
 
     def _require_repository_api(self, action: str) -> None:
         if not self.repository_api:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
 from tests.conftest import RunningServer
+from tests.integration.http_helpers import call
 
 pytestmark = pytest.mark.integration
 
@@ -241,3 +243,37 @@ def test_declared_dims_are_served_and_reshaped_for_the_engine(
     inputs[1].set_data_from_numpy(a)
     result = client.infer("reshaped", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a * 2)
+
+
+@pytest.fixture(scope="module")
+def ensemble_server(server_factory: Callable[..., RunningServer],
+                    tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("ensemble")
+    fixture_models.add_sub(root, "simple")
+    fixture_models.triton_config(root, "simple", SIMPLE)
+    fixture_models.double(root)
+    fixture_models.triton_config(root, "double", "max_batch_size: 8\n")
+    (root / "sum_doubled" / "1").mkdir(parents=True)
+    fixture_models.triton_config(root, "sum_doubled", ENSEMBLE)
+    return server_factory(root, "--model-control", "explicit")
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_unload_dependents_takes_an_ensembles_steps_too(ensemble_server: RunningServer,
+                                                        transport: str) -> None:
+    client: Any = (httpclient.InferenceServerClient(ensemble_server.url) if transport == "http"
+                   else grpcclient.InferenceServerClient(ensemble_server.grpc_url))
+    models = ("sum_doubled", "simple", "double")
+    client.load_model("sum_doubled")  # its steps load with it
+    assert all(client.is_model_ready(name) for name in models)
+    client.unload_model("sum_doubled")  # Triton's default: the steps stay
+    assert [client.is_model_ready(name) for name in models] == [False, True, True]
+    client.load_model("sum_doubled")
+    client.unload_model("sum_doubled", unload_dependents=True)
+    assert not any(client.is_model_ready(name) for name in models)
+    if transport == "http":
+        odd = call(ensemble_server.url, "POST", "/v2/repository/models/simple/unload",
+                   b'{"parameters": {"unload_dependents": "yes"}}')
+        assert odd.status == 400 and "'unload_dependents' must be a boolean" in odd.error
+    assert "model_repository(unload_dependents)" in (
+        httpclient.InferenceServerClient(ensemble_server.url).get_server_metadata()["extensions"])

@@ -434,6 +434,18 @@ class ModelRegistry:
         """Why a loaded pipeline cannot serve now ([] for any other model)."""
         return unready_steps(served, self.get)
 
+    def step_models(self, name: str) -> list[str]:
+        """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's
+        composing models); [] for any other model."""
+        found: list[str] = []
+        pending = [step.model for step in self._steps_of(name)]
+        while pending:
+            model = pending.pop(0)
+            if model not in found and model != name:
+                found.append(model)
+                pending += [step.model for step in self._steps_of(model)]
+        return found
+
     def _steps_of(self, name: str) -> list[PipelineStep]:
         return steps_of(self.root, name, self._overrides.get(name))
 

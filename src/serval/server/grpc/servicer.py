@@ -125,6 +125,14 @@ class InferenceServicer(SharedMemoryRpcs):
         return await _answer(context, "TraceSetting", lambda: _trace_response(
             self.dataplane.trace_settings(request.model_name or None, changes)))
 
+    async def _unload(self, request: Any) -> None:
+        """Unload; Triton's `unload_dependents` (bool_param) takes a pipeline's steps too."""
+        dependents = request.parameters.get("unload_dependents")
+        if dependents is not None and dependents.WhichOneof("parameter_choice") != "bool_param":
+            raise InvalidInput("parameter 'unload_dependents' must be a bool_param")
+        await self.dataplane.unload_model(request.model_name,
+                                          dependents is not None and dependents.bool_param)
+
     async def _load(self, request: Any) -> None:
         """Load with `config` (string_param) and 'file:<path>' overrides (bytes_param)."""
         override, files = None, {}
@@ -141,8 +149,7 @@ class InferenceServicer(SharedMemoryRpcs):
 
     async def RepositoryModelUnload(self, request: Any, context: Context) -> Any:
         await self._authorize(context, Action.ADMIN)
-        await _await(context, "RepositoryModelUnload",
-                     self.dataplane.unload_model(request.model_name))
+        await _await(context, "RepositoryModelUnload", self._unload(request))
         return pb.RepositoryModelUnloadResponse()
 
     async def _infer(self, request: Any, deadline_ns: int | None) -> pb.ModelInferResponse:

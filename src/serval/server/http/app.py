@@ -181,7 +181,10 @@ class HttpApp:
                 await self.dataplane.load_model(parts[1], params.get("config"),
                                                 _file_parameters(parts[1], params))
             else:
-                await self.dataplane.unload_model(parts[1])
+                dependents = params.get("unload_dependents", False)
+                if not isinstance(dependents, bool):
+                    raise InvalidInput("parameter 'unload_dependents' must be a boolean")
+                await self.dataplane.unload_model(parts[1], dependents)
             return _status_only(200)
         return _not_found(method, "/v2/repository/" + "/".join(parts))
 
