@@ -260,6 +260,8 @@ class ServerConfig(_Strict):
                        "HTTP-bound, else 1 (server/workers.py resolves it before serving)")
     force_workers: bool = Field(False, description="serve engine-bound models with workers > 1")
     model_control: Literal["all", "lazy", "explicit"] = "all"
+    load_models: list[str] = Field(
+        default_factory=list, description="explicit control: load these at start (* = all)")
     memory_budget: ByteSize | None = Field(
         None, description="evict least-recently-used idle models beyond this many bytes"
     )
@@ -287,6 +289,8 @@ class ServerConfig(_Strict):
     def _tls_pair(self) -> ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
+        if self.load_models and self.model_control != "explicit":
+            raise ValueError("--load-model needs --model-control explicit (as Triton's)")
         return self
     max_inflight: int = Field(4096, ge=1, description="requests in the server at once; 429 past")
     default_timeout_ms: float = Field(0.0, ge=0.0, description="0: requests have no deadline")

@@ -193,11 +193,12 @@ class DataPlane:
         try:
             await self.registry.load(name, override)
         except ModelNotReady:  # asked all the same: it should serve, and does not (as Triton)
-            self._mark_asked(name)
+            self.mark_asked(name)
             raise
-        self._mark_asked(name)
+        self.mark_asked(name)
 
-    def _mark_asked(self, name: str) -> None:
+    def mark_asked(self, name: str) -> None:
+        """The model should serve (explicit control: loaded through the API or at start)."""
         self._asked.add(name)
         self._unloaded.discard(name)
 

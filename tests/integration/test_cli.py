@@ -141,6 +141,8 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
         (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem", "--tls-key", "/no/key.pem"],
          "cannot load them"),
         (["serve", "-r", "/tmp", "--tls-cert", "/no/cert.pem"], "go together"),
+        (["serve", "-r", "/tmp", "--load-model", "m"], "--load-model needs --model-control "
+         "explicit"),
         (["serve", "-r", "/tmp", "--trace-config", "level=TIMESTAMPS"],
          "tracing needs a trace file"),
         (["serve", "-r", "/tmp", "--trace-file", "/tmp/t.json", "--trace-config", "rate=0"],
@@ -156,6 +158,15 @@ def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> 
     assert result.returncode != 0
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_loading_an_unknown_model_at_start_fails_with_one_line(tmp_path: Path) -> None:
+    result = _serval("serve", "-r", str(tmp_path), "--model-control", "explicit",
+                     "--load-model", "no_such_model", "--http-port", "0", "--grpc-port", "0",
+                     "--log-level", "error")
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "serval: --load-model no_such_model: no model folder of that name in the repository"]
 
 
 def test_broken_files_fail_with_one_line(tmp_path: Path) -> None:

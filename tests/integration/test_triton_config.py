@@ -277,3 +277,21 @@ def test_unload_dependents_takes_an_ensembles_steps_too(ensemble_server: Running
         assert odd.status == 400 and "'unload_dependents' must be a boolean" in odd.error
     assert "model_repository(unload_dependents)" in (
         httpclient.InferenceServerClient(ensemble_server.url).get_server_metadata()["extensions"])
+
+
+def test_load_model_at_start_under_explicit_control(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    fixture_models.add_sub(tmp_path, "simple")
+    fixture_models.triton_config(tmp_path, "simple", SIMPLE)
+    fixture_models.double(tmp_path)
+    fixture_models.corrupt(tmp_path)
+    server = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "simple",
+                            "--load-model", "corrupt")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_model_ready("simple") and not client.is_model_ready("double")
+    assert not client.is_server_ready()  # asked for at start, corrupt does not serve
+    client.unload_model("corrupt")
+    assert client.is_server_ready()
+    everything = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "*")
+    client = httpclient.InferenceServerClient(everything.url)
+    assert client.is_model_ready("simple") and client.is_model_ready("double")

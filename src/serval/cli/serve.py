@@ -41,6 +41,10 @@ def serve_command(
         server_default("model_control"), "--model-control",
         help="all: load every model at start; lazy: on first request; explicit: via the API.",
     ),
+    load_models: list[str] = typer.Option(
+        None, "--load-model", metavar="NAME",
+        help="With --model-control explicit: load this model at start (repeatable; * = all), "
+        "as Triton's flag."),
     memory_budget: str = typer.Option(
         None, "--memory-budget", help="e.g. 2GiB: evict idle least-recently-used models beyond."
     ),
@@ -203,7 +207,8 @@ def serve_command(
         config = ServerConfig(
             repository=repository, host=host, http_port=http_port, grpc_port=grpc_port,
             workers=_workers(workers), force_workers=force_workers,
-            model_control=model_control, memory_budget=memory_budget,
+            model_control=model_control, load_models=load_models or [],
+            memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,

@@ -18,6 +18,7 @@ from serval.backends.base import BackendOptions
 from serval.backends.cores import usable_cores
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
+from serval.errors import ConfigError, ModelNotReady
 from serval.observability.logging import log_control
 from serval.observability.metrics import (
     ModelMetricsCollector,
@@ -82,6 +83,7 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
                           strict_readiness=config.strict_readiness,
                           shared_memory=shared_memory_registry(config),
                           logs=log_control(), tracer=Tracer(config.trace_file, config.trace))
+    await load_at_start(dataplane, config.load_models)
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
@@ -91,6 +93,23 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     app = HttpApp(dataplane, build_metrics(registry, config.metrics_top_k), auth, status,
                   guards.limits.max_request_bytes)
     return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)
+
+
+async def load_at_start(dataplane: DataPlane, names: list[str]) -> None:
+    """--load-model (explicit control, as Triton's): these models load before the server
+    listens (`*`: every model). An unknown name stops the start (ConfigError); a model that
+    fails to load is UNAVAILABLE with its reason and, asked for, keeps the server not ready."""
+    registry = dataplane.registry
+    known = registry.model_names()
+    wanted = known if "*" in names else list(dict.fromkeys(names))
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ConfigError(f"--load-model {unknown[0]}: no model folder of that name in the "
+                          "repository")
+    for name in wanted:
+        with contextlib.suppress(ModelNotReady):  # logged with its reason by the registry
+            await registry.load(name)
+        dataplane.mark_asked(name)
 
 
 async def close_stack(stack: ServingStack) -> None:
