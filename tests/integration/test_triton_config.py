@@ -83,15 +83,21 @@ BROKEN = {
 }
 
 
-@pytest.fixture(scope="module")
-def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("triton-repository")
+def _ensemble(root: Path) -> None:
+    """`sum_doubled`, Triton's ensemble config, over its two step models `simple` and
+    `double`."""
     fixture_models.add_sub(root, "simple")
     fixture_models.triton_config(root, "simple", SIMPLE)
     fixture_models.double(root)
     fixture_models.triton_config(root, "double", "max_batch_size: 8\n")
     (root / "sum_doubled" / "1").mkdir(parents=True)
     fixture_models.triton_config(root, "sum_doubled", ENSEMBLE)
+
+
+@pytest.fixture(scope="module")
+def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("triton-repository")
+    _ensemble(root)
     for version in ("1", "2", "3"):
         fixture_models.add_sub(root, "versioned", config="", version=version)
     fixture_models.triton_config(root, "versioned", "max_batch_size: 8\n"
@@ -249,12 +255,7 @@ def test_declared_dims_are_served_and_reshaped_for_the_engine(
 def ensemble_server(server_factory: Callable[..., RunningServer],
                     tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root = tmp_path_factory.mktemp("ensemble")
-    fixture_models.add_sub(root, "simple")
-    fixture_models.triton_config(root, "simple", SIMPLE)
-    fixture_models.double(root)
-    fixture_models.triton_config(root, "double", "max_batch_size: 8\n")
-    (root / "sum_doubled" / "1").mkdir(parents=True)
-    fixture_models.triton_config(root, "sum_doubled", ENSEMBLE)
+    _ensemble(root)
     return server_factory(root, "--model-control", "explicit")
 
 
