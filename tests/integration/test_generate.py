@@ -5,8 +5,10 @@ stays usable; closing the connection mid-stream stops the model."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -199,3 +201,30 @@ def _assert_cancelled(marker: Path) -> None:
         assert time.monotonic() < deadline, "the model was not cancelled"
         time.sleep(0.05)
     assert json.loads(marker.read_text())["request"] is True
+
+
+def test_a_client_that_stops_reading_a_stream_is_cut_off(
+        server_factory: Callable[..., RunningServer], repository: Path) -> None:
+    server = server_factory(repository, "--allow-python-models", "--body-timeout-s", "1",
+                            "--write-buffer-kb", "64")
+    host, port = server.url.split(":")
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect((host, int(port)))
+    body = orjson.dumps({"text_input": "word " * 400_000})  # 2 MB in, 400,000 events (~24 MB)
+    client.sendall(b"POST /v2/models/words/generate_stream HTTP/1.1\r\nhost: x\r\n"
+                   b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 60  # never read: the server's writes stall, then it cuts
+    while "write stall" not in server.log():
+        assert time.monotonic() < deadline, "the stalled stream was not cut off"
+        time.sleep(0.1)
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := client.recv(1 << 20):
+            received += chunk
+    client.close()
+    assert received.startswith(b"HTTP/1.1 200") and not received.endswith(b"0\r\n\r\n")
+    assert len(received) < len(body) * 2  # far from all of it was sent
+    status, _, _ = _post(http.client.HTTPConnection(host, int(port), timeout=30),
+                         "/v2/models/upper/generate", {"text_input": "ok", "max_tokens": 1})
+    assert status == 200  # the server serves on
