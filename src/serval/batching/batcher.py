@@ -262,7 +262,9 @@ class Batcher:
             return
         done_ns = self._clock()
         for request, piece in zip(batch, pieces, strict=True):
-            _trace(request, started_ns, merged_ns, computed_ns, done_ns)
+            if request.request is not None and request.request.trace is not None:
+                request.request.trace.batched(request.enqueued_ns, started_ns, merged_ns,
+                                              computed_ns, done_ns)
             if not request.future.done():
                 request.future.set_result(piece)
         self._stats.record_execution(
@@ -290,7 +292,9 @@ class Batcher:
             return
         computed_ns = self._clock()
         for pending, result in zip(batch, results, strict=True):
-            _trace(pending, started_ns, started_ns, computed_ns, computed_ns)
+            if pending.request is not None and pending.request.trace is not None:
+                pending.request.trace.batched(pending.enqueued_ns, started_ns, started_ns,
+                                              computed_ns, computed_ns)
             if pending.future.done():
                 continue
             if isinstance(result, ServalError):
@@ -304,14 +308,6 @@ class Batcher:
         if not self._batching:  # no batch axis: the one request gets the whole output
             return [outputs]
         return split_outputs(outputs, [request.rows for request in batch], self._stats.name)
-
-
-def _trace(pending: PendingRequest, started_ns: int, inputs_ns: int, outputs_ns: int,
-           done_ns: int) -> None:
-    """A traced request's queue and compute timestamps (observability/trace.py)."""
-    if pending.request is not None and pending.request.trace is not None:
-        pending.request.trace.mark("QUEUE_START", pending.enqueued_ns)
-        pending.request.trace.compute(started_ns, inputs_ns, outputs_ns, done_ns)
 
 
 def _batch_rows(inputs: TensorDict) -> int:

@@ -52,10 +52,12 @@ class Trace:
     def mark(self, name: str, ns: int) -> None:
         self.timestamps.append((name, ns))
 
-    def compute(self, started_ns: int, inputs_ns: int, outputs_ns: int, done_ns: int) -> None:
-        """The engine's part, from the batch it ran in."""
-        self.timestamps += [("COMPUTE_START", started_ns), ("COMPUTE_INPUT_END", inputs_ns),
-                            ("COMPUTE_OUTPUT_START", outputs_ns), ("COMPUTE_END", done_ns)]
+    def batched(self, queued_ns: int, started_ns: int, inputs_ns: int, outputs_ns: int,
+                done_ns: int) -> None:
+        """The queue's and the engine's part, from the batch the request ran in."""
+        self.timestamps += [("QUEUE_START", queued_ns), ("COMPUTE_START", started_ns),
+                            ("COMPUTE_INPUT_END", inputs_ns), ("COMPUTE_OUTPUT_START", outputs_ns),
+                            ("COMPUTE_END", done_ns)]
 
 
 class Tracer:

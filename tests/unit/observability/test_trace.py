@@ -25,8 +25,7 @@ def _take(tracer: Tracer, model: str, requests: int) -> list[int]:
     for n in range(requests):
         trace = tracer.start(model, n)
         if trace is not None:
-            trace.mark("QUEUE_START", n)
-            trace.compute(n, n, n, n)
+            trace.batched(n, n, n, n, n)
             tracer.finish(trace, n + 1)
             ids.append(trace.id)
     return ids
