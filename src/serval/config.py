@@ -202,8 +202,18 @@ class ModelConfig(_Strict):
         default_factory=dict, description="output name -> class labels (label_filename)")
     parameters: dict[str, str] = Field(default_factory=dict,
                                        description="free settings a backend may read")
+    response_cache: bool = Field(
+        False, description="answer repeated requests from the server's response cache "
+        "(--cache-config); not for sequence models")
     triton: dict[str, Any] | None = Field(
         None, description="config.pbtxt as Triton's JSON form (set by the repository)")
+
+    @model_validator(mode="after")
+    def _cacheable(self) -> ModelConfig:
+        if self.response_cache and self.sequence_batching is not None:
+            raise ValueError("response_cache is not supported for sequence models (each "
+                             "answer depends on the sequence's state)")
+        return self
 
 
 MIB = 1024 * 1024
@@ -265,6 +275,9 @@ class ServerConfig(_Strict):
     memory_budget: ByteSize | None = Field(
         None, description="evict least-recently-used idle models beyond this many bytes"
     )
+    response_cache_bytes: ByteSize = Field(
+        ByteSize(0), description="Triton's response cache (results of models that enable it); "
+        "0: none")
     max_concurrent_loads: int = Field(2, ge=1, le=64)
     allow_python_models: bool = Field(False, description="python models run arbitrary code")
     auth_tokens: Path | None = Field(None, description="tokens file: bearer auth when set")

@@ -32,6 +32,7 @@ from serval.protocol.shm_tensors import resolve_inputs, write_outputs
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
 from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
+from serval.repository.response_cache import cached
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.triton_sequence import triton_sequence_batching
 
@@ -348,8 +349,15 @@ class DataPlane:
                         "call (ModelInfer RPC, HTTP infer) doesn't support models with "
                         "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
-                assert served.runner is not None
-                outputs = await served.runner.infer(request.inputs, deadline_ns, request)
+                runner, spec = served.runner, served.spec
+                assert runner is not None
+                if self.registry.cache.capacity and spec and spec.config.response_cache:
+                    outputs = await cached(
+                        self.registry.cache, (name, served.version, served.load_number),
+                        spec.config.backend == "pipeline", request, stats,
+                        lambda: runner.infer(request.inputs, deadline_ns, request))
+                else:
+                    outputs = await runner.infer(request.inputs, deadline_ns, request)
                 selected = _select_outputs(outputs, request)
                 if request.outputs and any(o.class_count for o in request.outputs):
                     selected = _classified(selected, request, served, metadata)

@@ -88,6 +88,8 @@ class ModelStats:
         self.compute_input = Duration()
         self.compute_infer = Duration()
         self.compute_output = Duration()
+        self.cache_hit = Duration()  # the response cache: lookups that answered
+        self.cache_miss = Duration()  # lookups that did not, and the insert after the run
         self.outcomes: dict[str, int] = {}
         self.requests = 0  # all outcomes: what ranks models for per-model metric series
         self.batches: dict[int, BatchStats] = {}
@@ -103,6 +105,7 @@ class ModelStats:
         rest = ModelStats(name, "")
         rest.outcomes = dict(self.outcomes)
         rest.inference_count, rest.execution_count = self.inference_count, self.execution_count
+        rest.cache_hit.count, rest.cache_miss.count = self.cache_hit.count, self.cache_miss.count
         for attribute in _HISTOGRAMS:
             getattr(rest, attribute).add(getattr(self, attribute))
         for other in others:
@@ -110,6 +113,8 @@ class ModelStats:
                 rest.outcomes[outcome] = rest.outcomes.get(outcome, 0) - count
             rest.inference_count -= other.inference_count
             rest.execution_count -= other.execution_count
+            rest.cache_hit.count -= other.cache_hit.count
+            rest.cache_miss.count -= other.cache_miss.count
             for attribute in _HISTOGRAMS:
                 getattr(rest, attribute).add(getattr(other, attribute), sign=-1)
         return rest
@@ -130,6 +135,12 @@ class ModelStats:
         if duration is None:
             duration = self.steps[step] = Duration()
         duration.add(duration_ns)
+
+    def record_cache(self, hit: bool, duration_ns: int) -> None:
+        """A response cache lookup (a miss's duration includes storing the result)."""
+        (self.cache_hit if hit else self.cache_miss).add(duration_ns)
+        if self.totals is not None:
+            (self.totals.cache_hit if hit else self.totals.cache_miss).add(duration_ns)
 
     def record_queue(self, duration_ns: int) -> None:
         self.queue.add(duration_ns)
@@ -183,8 +194,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": Duration().as_dict(),
-                "cache_miss": Duration().as_dict(),
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [
                 {

@@ -151,6 +151,10 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
         (["serve", "-r", "/tmp", "--trace-file", "/no/such/dir/t.json"], "does not exist"),
         (["serve", "-r", "/tmp", "--trace-file", "/tmp/t.json", "--workers", "2"],
          "--trace-file needs --workers 1"),
+        (["serve", "-r", "/tmp", "--cache-config", "redis,host=localhost"],
+         "--cache-config takes local,size=BYTES"),
+        (["serve", "-r", "/tmp", "--cache-config", "local,size=lots"],
+         "size 'lots' is not a size in bytes"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:

@@ -113,6 +113,10 @@ def serve_command(
         None, "--trace-config", metavar="SETTING=VALUE",
         help="Trace setting at start, as Triton's flag (repeatable): level=TIMESTAMPS, "
         "rate=N (every Nth request), count=N (-1: no limit), log-frequency=N."),
+    cache_config: list[str] = typer.Option(
+        None, "--cache-config", metavar="local,size=BYTES",
+        help="Triton's response cache: this many bytes (1048576, 512MB, 2GiB) of results for "
+        "the models whose config enables response_cache; one per worker. Default: none."),
     node_name: str = typer.Option(
         None, "--node-name", metavar="NAME", rich_help_panel=_BALANCER,
         help="This node's name in the serval-node header of every answer (1-64 of "
@@ -219,6 +223,7 @@ def serve_command(
             node_name=node_name, node_header=node_header, agent_port=agent_port,
             drain_delay_s=drain_delay_s, trace_file=trace_file,
             trace=_trace_settings(trace_file, trace_config or []),
+            response_cache_bytes=_cache_size(cache_config or []),
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None
@@ -265,6 +270,25 @@ def _trace_settings(trace_file: Path | None, items: list[str]) -> dict[str, Any]
     except ServalError as exc:
         raise typer.BadParameter(f"--trace-config: {exc.message}") from None
     return settings
+
+
+def _cache_size(items: list[str]) -> int:
+    """--cache-config local,size=BYTES (Triton's flag; the last one counts) in bytes."""
+    from pydantic import ByteSize, TypeAdapter
+
+    size = 0
+    for item in items:
+        kind, _, setting = item.partition(",")
+        name, equals, value = setting.partition("=")
+        if kind != "local" or name != "size" or not equals:
+            raise typer.BadParameter(f"--cache-config takes local,size=BYTES (only Triton's "
+                                     f"local cache, sized), got {item!r}")
+        try:
+            size = int(TypeAdapter(ByteSize).validate_python(value.strip()))
+        except ValidationError:
+            raise typer.BadParameter(f"--cache-config: size {value!r} is not a size in bytes "
+                                     "(such as 1048576, 512MB or 2GiB)") from None
+    return size
 
 
 def _workers(text: str) -> int | str:

@@ -58,6 +58,10 @@ class RegistryGauges:
     hits: int
     misses: int
     load_seconds: Histogram
+    cache_capacity: int = 0  # the response cache (0: none)
+    cache_bytes: int = 0
+    cache_entries: int = 0
+    cache_evictions: int = 0
 
 
 class RegistryMetricsCollector(Collector):
@@ -84,6 +88,16 @@ class RegistryMetricsCollector(Collector):
         if gauges.budget_bytes is not None:
             yield GaugeMetricFamily("serval_memory_budget_bytes", "The memory budget",
                                     gauges.budget_bytes)
+        if gauges.cache_capacity:
+            yield GaugeMetricFamily("serval_response_cache_capacity_bytes",
+                                    "The response cache's size", gauges.cache_capacity)
+            yield GaugeMetricFamily("serval_response_cache_bytes",
+                                    "Bytes held by cached results", gauges.cache_bytes)
+            yield GaugeMetricFamily("serval_response_cache_entries", "Cached results",
+                                    gauges.cache_entries)
+            yield CounterMetricFamily("serval_response_cache_evictions",
+                                      "Cached results evicted to make room",
+                                      gauges.cache_evictions)
 
 
 OTHER_MODELS = "_other"
@@ -142,6 +156,12 @@ class ModelMetricsCollector(Collector):
                                           "Time of one batch: merge, engine run, split"),
             "batch_size": _histogram("serval_batch_size", "Rows per engine run"),
         }
+        cache_hits = CounterMetricFamily(
+            "serval_response_cache_hits", "Requests answered from the response cache",
+            labels=LABELS)
+        cache_misses = CounterMetricFamily(
+            "serval_response_cache_misses", "Cacheable requests the model had to run",
+            labels=LABELS)
         steps = CounterMetricFamily(
             "serval_pipeline_step_duration_seconds", "Time pipelines spent in each step",
             labels=[*LABELS, "step"])
@@ -160,8 +180,11 @@ class ModelMetricsCollector(Collector):
                 _add_histogram(family, labels, getattr(stats, attribute))
             for step, duration in stats.steps.items():
                 steps.add_metric([*labels, step], duration.ns * 1e-9)
+            if stats.cache_hit.count or stats.cache_miss.count:  # models that use the cache
+                cache_hits.add_metric(labels, stats.cache_hit.count)
+                cache_misses.add_metric(labels, stats.cache_miss.count)
         yield from (requests, inferences, executions, memory, ready, pending, running, steps,
-                    *histograms.values())
+                    cache_hits, cache_misses, *histograms.values())
 
 
 def build_registry(*collectors: Collector) -> CollectorRegistry:

@@ -33,6 +33,7 @@ from serval.repository.overrides import (
     reload_plan,
     version_spec,
 )
+from serval.repository.response_cache import ResponseCache
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import StepNotReady, check_no_loop, steps_of, unready_steps
 from serval.repository.store import serving_version, verify_version
@@ -94,6 +95,7 @@ class ModelRegistry:
         memory_budget_bytes: int | None = None,
         max_concurrent_loads: int = server_default("max_concurrent_loads"),
         engine_threads: int = 8,
+        response_cache_bytes: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.root = root
@@ -113,6 +115,7 @@ class ModelRegistry:
         self._swaps: dict[str, asyncio.Lock] = {}  # one override load per model at a time
         self.loads = 0
         self.evictions = 0
+        self.cache = ResponseCache(response_cache_bytes)  # of models that opt in
         self.totals = ModelStats("_all", "")  # every version's metric counters, summed
         self.hits = 0  # requests that found their model loaded
         self.misses = 0  # requests that waited for a load
@@ -392,6 +395,10 @@ class ModelRegistry:
         if directory is None:
             raise ConfigError(f"{self.root / served.name}: model folder is gone")
         spec = version_spec(directory, served.version, override)
+        if spec.config.response_cache and not self.cache.capacity:
+            log.warning("the model enables response_cache but the server has no cache "
+                        "(--cache-config local,size=BYTES): its results are not cached",
+                        extra={"model": served.name, "version": served.version})
         backend = self._backends.get(spec.config.backend)
         if backend is None:
             raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
@@ -406,6 +413,8 @@ class ModelRegistry:
         served.state, served.reason = ModelState.READY, ""
         served.last_used_ns = self._clock()
         self.loads += 1
+        served.load_number = self.loads
+        self.cache.forget_composites()  # a pipeline may run on this version now
         self._memory.after_load()
         log.info("model loaded", extra={"model": served.name, "version": served.version,
                                         "bytes": served.memory_bytes})
@@ -522,6 +531,8 @@ class ModelRegistry:
         served.state, served.reason = state, reason
         runner, model = served.runner, served.model
         served.runner, served.model, served.memory_bytes = None, None, 0
+        self.cache.forget((served.name, served.version, served.load_number))
+        self.cache.forget_composites()
         if runner is not None:
             await runner.close()
         if model is not None:

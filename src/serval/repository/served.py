@@ -33,6 +33,7 @@ class ServedModel:
     in_flight: int = 0
     last_used_ns: int = 0
     memory_bytes: int = 0
+    load_number: int = 0  # which of the registry's loads this is (response cache scopes)
     loading: asyncio.Task[None] | None = None
     auto_load: bool = False  # may load on a request (lazy control, or evicted)
     totals: ModelStats | None = None  # the registry's server-wide sums

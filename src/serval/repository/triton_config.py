@@ -14,7 +14,8 @@ default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeou
 timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
 KIND_GPU -> device cuda[:N]); version_policy; model_warmup (zero_data, random_data) -> warmup;
 parameters -> parameters (string values); label_filename -> labels;
-model_transaction_policy.decoupled: the python backend's decoupled models (others refuse it).
+model_transaction_policy.decoupled: the python backend's decoupled models (others refuse it);
+response_cache.enable -> response_cache (not with decoupled or sequence models).
 Any other field set, or a value Serval cannot honour, is a load error naming the field.
 """
 
@@ -71,6 +72,7 @@ SUPPORTED: dict[str, Any] = {
     "sequence_batching": SEQUENCE_SUPPORTED,
     "parameters": {"string_value": None},
     "model_transaction_policy": {"decoupled": None},
+    "response_cache": {"enable": None},
     "ensemble_scheduling": {"step": {"model_name": None, "model_version": None,
                                      "input_map": None, "output_map": None}},
 }
@@ -122,6 +124,7 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
                    for t in config.output if t.label_filename},
         "warmup": [_warmup(sample, source) for sample in config.model_warmup],
         "steps": [_step(step) for step in config.ensemble_scheduling.step],
+        "response_cache": config.response_cache.enable,
         **_instances(config, source),
     }
     if config.HasField("dynamic_batching"):
@@ -153,6 +156,9 @@ def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
                                                        or config.model_warmup):
         raise ConfigError(f"{source}: field 'model_transaction_policy.decoupled' is supported "
                           "for python models without model_warmup only")
+    if config.model_transaction_policy.decoupled and config.response_cache.enable:
+        raise ConfigError(f"{source}: field 'response_cache' is not supported for decoupled "
+                          "models (a request may have many responses)")
     if backend not in SELF_DESCRIBING and any(
             t.HasField("reshape") for t in [*config.input, *config.output]):
         raise ConfigError(f"{source}: field 'reshape' is supported for "

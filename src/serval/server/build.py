@@ -160,6 +160,7 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
         memory_budget_bytes=int(config.memory_budget) if config.memory_budget else None,
         max_concurrent_loads=config.max_concurrent_loads,
         engine_threads=max(8, 2 * cores),
+        response_cache_bytes=int(config.response_cache_bytes),
     )
 
 
@@ -170,7 +171,8 @@ def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
             registry.memory_budget_bytes, registry.hits, registry.misses,
-            registry.load_seconds)),
+            registry.load_seconds, registry.cache.capacity, registry.cache.bytes,
+            len(registry.cache), registry.cache.evictions)),
     )
 
 

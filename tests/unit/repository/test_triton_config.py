@@ -40,6 +40,7 @@ version_policy: { all: { } }
 model_warmup [ { name: "w" batch_size: 2 count: 3
   inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } } } ]
 parameters { key: "k" value: { string_value: "v" } }
+response_cache { enable: true }
 """
 
 
@@ -66,6 +67,7 @@ def test_every_supported_field_maps_onto_serval_settings(tmp_path: Path) -> None
     assert config.version_policy.all
     assert config.labels == {"OUTPUT0": ["cat", "dog"]}
     assert config.parameters == {"k": "v"}
+    assert config.response_cache
     [warmup] = config.warmup
     assert (warmup.name, warmup.batch_size, warmup.count) == ("w", 2, 3)
     assert warmup.inputs["INPUT0"].data == "random" and warmup.inputs["INPUT0"].dims == [16]
@@ -141,6 +143,10 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
     ("backend: 'python' model_transaction_policy { decoupled: true } model_warmup [ { "
      "name: 'w' inputs { key: 'x' value: { data_type: TYPE_FP32 dims: [1] zero_data: true "
      "} } } ]", "without model_warmup"),
+    ("backend: 'python' model_transaction_policy { decoupled: true } "
+     "response_cache { enable: true }", "'response_cache' is not supported for decoupled"),
+    ("max_batch_size: 4 sequence_batching { } response_cache { enable: true }",
+     "response_cache is not supported for sequence models"),
 ])
 def test_what_serval_cannot_honour_is_a_load_error_naming_it(tmp_path: Path, text: str,
                                                              named: str) -> None:
