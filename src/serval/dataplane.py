@@ -32,7 +32,7 @@ from serval.protocol.shm_tensors import resolve_inputs, write_outputs
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
 from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
-from serval.repository.response_cache import cached
+from serval.repository.response_cache import Lookup
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.triton_sequence import triton_sequence_batching
 
@@ -349,15 +349,15 @@ class DataPlane:
                         "call (ModelInfer RPC, HTTP infer) doesn't support models with "
                         "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
-                runner, spec = served.runner, served.spec
-                assert runner is not None
-                if self.registry.cache.capacity and spec and spec.config.response_cache:
-                    outputs = await cached(
-                        self.registry.cache, (name, served.version, served.load_number),
-                        spec.config.backend == "pipeline", request, stats,
-                        lambda: runner.infer(request.inputs, deadline_ns, request))
+                assert served.runner is not None
+                cached = self._cache_lookup(served, request) if self.registry.cache.capacity \
+                    else None
+                if cached is not None and cached.outputs is not None:
+                    outputs = cached.outputs  # a hit: the model does not run
                 else:
-                    outputs = await runner.infer(request.inputs, deadline_ns, request)
+                    outputs = await served.runner.infer(request.inputs, deadline_ns, request)
+                    if cached is not None:
+                        cached.store(outputs)
                 selected = _select_outputs(outputs, request)
                 if request.outputs and any(o.class_count for o in request.outputs):
                     selected = _classified(selected, request, served, metadata)
@@ -369,6 +369,14 @@ class DataPlane:
                 raise
             stats.record_request("success", time.perf_counter_ns() - received_ns)
             return InferResponse(name, served.version, selected, request.id)
+
+    def _cache_lookup(self, served: ServedModel, request: InferRequest) -> Lookup | None:
+        """The request's response cache lookup; None where the model has no cache."""
+        spec = served.spec
+        if spec is None or not spec.config.response_cache:
+            return None
+        return Lookup(self.registry.cache, (served.name, served.version, served.load_number),
+                      spec.config.backend == "pipeline", request, served.stats)
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry

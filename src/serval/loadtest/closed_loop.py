@@ -53,6 +53,7 @@ class _Plan:
     duration_s: float
     timeout_s: float
     honour_retry_after: bool = False
+    stride: int = 1  # client i sends requests i, i + stride, ... (stride: all the clients)
 
     def run_bound_s(self) -> float:
         """The longest one process may take once its clients are connected."""
@@ -66,14 +67,16 @@ def run_closed_loop(host: str, port: int, requests: list[bytes], concurrency: in
     """Drive `concurrency` clients for warmup_s + duration_s; report the measured part.
 
     Must be called from synchronous code (it runs its own event loops). With processes == 1 the
-    clients run in this process; otherwise in forked (or spawned) children.
+    clients run in this process; otherwise in forked (or spawned) children. Client i sends
+    requests i, i + concurrency, ... of the list (round the list), so that each request goes
+    out once per pass, as from that many different users.
     """
     if not requests:
         raise ValueError("at least one pre-encoded request is needed")
     if concurrency < 1 or duration_s <= 0:
         raise ValueError("concurrency must be >= 1 and duration_s > 0")
     plan = _Plan(host, port, tuple(requests), max(0.0, warmup_s), duration_s, timeout_s,
-                 honour_retry_after)
+                 honour_retry_after, stride=concurrency)
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
     offsets = [sum(shares[:i]) for i in range(processes)]
@@ -108,7 +111,7 @@ class _State:
             conn.close()
             return
         conn.send(conn.cursor, now)
-        conn.cursor += 1
+        conn.cursor += self.plan.stride  # the clients share out the list, not walk it together
 
     def opened(self, conn: HttpClientConnection) -> None:
         self.open.add(conn)

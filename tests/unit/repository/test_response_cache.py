@@ -3,16 +3,14 @@ forgotten when, and the lookup counted as Triton counts it."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from serval.protocol.types import InferRequest, TensorDict
 from serval.repository.response_cache import (
     ENTRY_OVERHEAD_BYTES,
+    Lookup,
     ResponseCache,
-    cached,
     request_key,
 )
 from serval.stats import ModelStats
@@ -149,48 +147,45 @@ def test_forget_drops_one_loaded_version_and_composites_move_the_generation() ->
     cache.forget(("never", "1", 9))  # nothing stored: nothing happens
 
 
-def test_cached_runs_the_model_once_per_key_and_counts_hits_and_misses() -> None:
+def _ask(cache: ResponseCache, stats: ModelStats, request: InferRequest, runs: list[int],
+         scope: tuple[str, str, int] = SCOPE, composite: bool = False) -> TensorDict:
+    """What the data plane does: look up; on a miss run the 'model' (x2) and store."""
+    lookup = Lookup(cache, scope, composite, request, stats)
+    if lookup.outputs is not None:
+        return lookup.outputs
+    runs.append(1)
+    outputs = {"Y": request.inputs["A"] * 2}
+    lookup.store(outputs)
+    return outputs
+
+
+def test_a_lookup_runs_the_model_once_per_key_and_counts_hits_and_misses() -> None:
     cache = ResponseCache(1 << 20)
     stats = ModelStats("m", "1")
-    runs: list[np.ndarray] = []
-
-    async def run(request: InferRequest) -> TensorDict:
-        runs.append(request.inputs["A"])
-        return {"Y": request.inputs["A"] * 2}
-
-    async def ask(values: list[float]) -> TensorDict:
-        request = _request(A=np.array(values, np.float32))
-        return await cached(cache, SCOPE, False, request, stats, lambda: run(request))
-
-    async def main() -> list[TensorDict]:
-        return [await ask([1, 2]), await ask([1, 2]), await ask([3, 4])]
-
-    first, again, other = asyncio.run(main())
+    runs: list[int] = []
+    answers = [_ask(cache, stats, _request(A=np.array(values, np.float32)), runs)
+               for values in ([1, 2], [1, 2], [3, 4])]
     assert len(runs) == 2
-    np.testing.assert_array_equal(again["Y"], [2, 4])
-    np.testing.assert_array_equal(other["Y"], [6, 8])
-    assert again is not first  # each answer has its own dict
-    assert (stats.cache_hit.count, stats.cache_miss.count) == (1, 2)
+    np.testing.assert_array_equal(answers[1]["Y"], [2, 4])
+    np.testing.assert_array_equal(answers[2]["Y"], [6, 8])
+    again = _ask(cache, stats, _request(A=np.array([1, 2], np.float32)), runs)
+    assert again is not answers[1]  # each answer has its own dict
+    assert (stats.cache_hit.count, stats.cache_miss.count) == (2, 2)
     assert stats.cache_hit.ns > 0 and stats.cache_miss.ns > 0
     entry = stats.as_triton_dict()["inference_stats"]
-    assert entry["cache_hit"]["count"] == 1 and entry["cache_miss"]["count"] == 2  # type: ignore[index]
+    assert entry["cache_hit"]["count"] == 2 and entry["cache_miss"]["count"] == 2  # type: ignore[index]
 
 
 def test_a_pipeline_request_started_before_a_change_is_not_found_after_it() -> None:
     cache = ResponseCache(1 << 20)
     stats = ModelStats("p", "1")
     request = _request(A=np.ones(2, np.float32))
-    runs = 0
-
-    async def run() -> TensorDict:
-        nonlocal runs
-        runs += 1
+    runs: list[int] = []
+    for _ in range(2):
+        lookup = Lookup(cache, ("p", "1", 1), True, request, stats)
+        assert lookup.outputs is None
+        runs.append(1)
         cache.forget_composites()  # a step model reloads while this request runs
-        return {"Y": np.zeros(2, np.float32)}
-
-    async def main() -> None:
-        await cached(cache, ("p", "1", 1), True, request, stats, run)
-        await cached(cache, ("p", "1", 1), True, request, stats, run)
-
-    asyncio.run(main())
-    assert runs == 2 and stats.cache_hit.count == 0
+        lookup.store({"Y": np.zeros(2, np.float32)})
+    assert len(runs) == 2 and stats.cache_hit.count == 0
+    assert Lookup(cache, ("p", "1", 1), True, request, stats).outputs is None
