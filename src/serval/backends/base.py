@@ -3,6 +3,7 @@ batch) and the registry batches it; a composite (a pipeline) runs other models' 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,15 @@ class Served:
     runner: Runner
 
 
+class ModelCaller(Protocol):
+    """Runs one request on another model of the server from an engine's thread (never the
+    event loop's), through the data plane's per-model path; its outputs, or a ServalError.
+    Waiting stops with ServerUnavailable once `abandon` is set (the caller is unloading)."""
+
+    def __call__(self, model: str, version: str | None, request: InferRequest,
+                 timeout_s: float | None, abandon: threading.Event) -> TensorDict: ...
+
+
 class ServeContext(Protocol):
     """What the registry lends a backend serving one version (see Backend.serve)."""
 
@@ -142,6 +152,10 @@ class ServeContext(Protocol):
 
     def record_step(self, step: str, duration_ns: int) -> None:
         """Count one step's time in the served version's statistics."""
+        ...
+
+    def model_caller(self) -> ModelCaller:
+        """How this version's engine threads run requests on other models (Triton's BLS)."""
         ...
 
 

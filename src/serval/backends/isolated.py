@@ -21,13 +21,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from serval.backends import bls
 from serval.backends.base import (
     Engine,
     LoadedModel,
+    ModelCaller,
     ModelMetadata,
     ModelVersionSpec,
     RequestModel,
 )
+from serval.backends.pipe_tensors import read_arrays, recv_tensors, send_tensors
 from serval.errors import (
     BackendError,
     ConfigError,
@@ -49,12 +52,13 @@ T = TypeVar("T")
 class IsolatedBackend:
     """Wraps an engine so that each model version it loads lives in its own process."""
 
-    def __init__(self, inner: Engine) -> None:
+    def __init__(self, inner: Engine, caller: ModelCaller | None = None) -> None:
         self.inner = inner
         self.name = inner.name
+        self.caller = caller  # runs its models' BLS calls on other models
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        model = IsolatedModel(self.inner, spec)
+        model = IsolatedModel(self.inner, spec, caller=self.caller)
         return IsolatedRequestModel(model) if model.takes_requests else model
 
 
@@ -64,10 +68,12 @@ class IsolatedModel:
 
     def __init__(self, inner: Engine, spec: ModelVersionSpec,
                  child_target: Callable[[Connection, Engine, ModelVersionSpec], None] | None
-                 = None) -> None:
+                 = None, caller: ModelCaller | None = None) -> None:
         self._inner, self._spec = inner, spec
         self._child_target = child_target or child_main
-        self._label = f"model '{spec.name}' version {spec.version}"
+        self.label = f"model '{spec.name}' version {spec.version}"
+        self.caller = caller
+        self.abandon = threading.Event()  # set on unload: BLS calls stop waiting
         self._lock = threading.Lock()  # one batch on the pipe at a time
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -92,7 +98,7 @@ class IsolatedModel:
             message, engine_detail = detail
             raise EngineRejectedInput(message, engine_detail)
         if outputs is None:
-            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
+            raise RuntimeError(f"{self.label} raised in its worker process: {detail}")
         return outputs
 
     def run_requests(self, requests: Sequence[InferRequest]) -> list[TensorDict | ServalError]:
@@ -100,7 +106,7 @@ class IsolatedModel:
         _, detail, results = self._exchange(
             lambda conn: send_requests(conn, requests), recv_results)
         if results is None:
-            raise RuntimeError(f"{self._label} raised in its worker process: {detail}")
+            raise RuntimeError(f"{self.label} raised in its worker process: {detail}")
         return results
 
     def _exchange(self, send: Callable[[Connection], None],
@@ -108,19 +114,23 @@ class IsolatedModel:
         """One batch on the pipe: (status, detail, what `receive` read when status is ok)."""
         with self._lock:
             if self._closed:
-                raise ModelNotReady(f"{self._label} is unloaded")
+                raise ModelNotReady(f"{self.label} is unloaded")
             if self._conn is None:  # the background restart failed; try once more
                 self._restart_locked()
             assert self._conn is not None
             try:
                 send(self._conn)
                 status, detail = self._conn.recv()
+                while status == bls.CALL:  # the model runs inference on another one
+                    bls.answer_call(self._conn, detail, self.caller, self.label, self.abandon)
+                    status, detail = self._conn.recv()
                 received = receive(self._conn, detail) if status == "ok" else None
             except (EOFError, OSError) as exc:
                 raise self._crashed() from exc
         return status, detail, received
 
     def unload(self) -> None:
+        self.abandon.set()  # a batch waiting on a BLS call ends, and frees the pipe
         with self._lock:
             self._closed = True
             self._stop_child()
@@ -130,7 +140,7 @@ class IsolatedModel:
         child that died first)."""
         with self._lock:
             if self._closed:
-                raise ModelNotReady(f"{self._label} is unloaded")
+                raise ModelNotReady(f"{self.label} is unloaded")
             if self._conn is None:
                 self._restart_locked()
             assert self._conn is not None
@@ -141,7 +151,7 @@ class IsolatedModel:
         with self._lock:
             if self._conn is conn and not self._closed:
                 return self._crashed()
-        return BackendError(f"{self._label}: its worker process stopped")
+        return BackendError(f"{self.label}: its worker process stopped")
 
     # child lifecycle -------------------------------------------------------------------------
 
@@ -158,7 +168,7 @@ class IsolatedModel:
         except (EOFError, OSError, TimeoutError) as exc:
             process.kill()
             process.join()
-            raise ConfigError(f"{self._label}: its worker process failed while loading "
+            raise ConfigError(f"{self.label}: its worker process failed while loading "
                               f"({_exit_reason(process.exitcode)})") from exc
         if reply[0] != "ready":
             process.join()
@@ -180,8 +190,8 @@ class IsolatedModel:
             "reason": reason})
         threading.Thread(target=self._restart_in_background, daemon=True,
                          name=f"serval-restart-{self._spec.name}").start()
-        error = BackendError(f"{self._label}: worker process died ({reason}) during a batch")
-        error.public_message = (f"{self._label}: its worker process died ({reason}) while "
+        error = BackendError(f"{self.label}: worker process died ({reason}) during a batch")
+        error.public_message = (f"{self.label}: its worker process died ({reason}) while "
                                 "running this request; it is being restarted")
         return error
 
@@ -197,7 +207,7 @@ class IsolatedModel:
         except ConfigError as exc:
             log.error("isolated model worker failed to restart", extra={
                 "model": self._spec.name, "version": self._spec.version, "error": str(exc)})
-            raise ModelNotReady(f"{self._label}: its worker process could not be restarted "
+            raise ModelNotReady(f"{self.label}: its worker process could not be restarted "
                                 "(the server log says why)") from exc
         self.restarts += 1
 
@@ -260,43 +270,6 @@ def _exit_reason(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exit code {exitcode}"
-
-
-# the wire: a header of (name, dtype, shape) then each array's raw bytes ------------------------
-
-def send_tensors(conn: Connection, tensors: TensorDict) -> None:
-    """Header first; numeric arrays as raw buffers, BYTES (object) arrays pickled."""
-    arrays = {name: np.asarray(array) for name, array in tensors.items()}
-    conn.send(("tensors", [(name, a.dtype.str, a.shape) for name, a in arrays.items()]))
-    for array in arrays.values():
-        if array.dtype.hasobject:
-            conn.send(array)
-        else:  # ravel copies only what is not C-contiguous already
-            conn.send_bytes(np.ravel(array).view(np.uint8).data)
-
-
-def recv_tensors(conn: Connection) -> TensorDict:
-    """The arrays send_tensors wrote, received into freshly allocated numpy memory."""
-    kind, header = conn.recv()
-    if kind != "tensors":
-        raise EOFError(f"expected tensors, got {kind!r}")
-    return _read_arrays(conn, header)
-
-
-def _read_arrays(conn: Connection, header: list[tuple[str, str, tuple[int, ...]]]
-                 ) -> TensorDict:
-    tensors: TensorDict = {}
-    for name, dtype, shape in header:
-        if np.dtype(dtype).hasobject:
-            tensors[name] = conn.recv()
-            continue
-        array = np.empty(shape, dtype=dtype)
-        if array.nbytes:
-            conn.recv_bytes_into(array.reshape(-1).view(np.uint8))
-        else:
-            conn.recv_bytes()
-        tensors[name] = array
-    return tensors
 
 
 # requests: a header of (id, parameters, requested outputs) each, then each one's tensors;
@@ -374,6 +347,7 @@ def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
 
 
 def serve_child(conn: Connection, model: LoadedModel) -> None:
+    bls.install(bls.ChildChannel(conn))  # execute() reads its BLS replies itself
     while True:
         try:
             kind, _ = message = conn.recv()
@@ -384,7 +358,7 @@ def serve_child(conn: Connection, model: LoadedModel) -> None:
         if kind == _REQUESTS:
             _answer_requests(conn, model, recv_requests(conn, message[1]))
             continue
-        inputs = _read_arrays(conn, message[1])
+        inputs = read_arrays(conn, message[1])
         try:
             outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
         except EngineRejectedInput as exc:

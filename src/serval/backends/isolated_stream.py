@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
+from serval.backends import bls
 from serval.backends.base import (
     Engine,
     LoadedModel,
@@ -37,12 +38,11 @@ from serval.backends.isolated import (
     load_in_child,
     recv_requests,
     recv_results,
-    recv_tensors,
     send_requests,
     send_results,
-    send_tensors,
     serve_child,
 )
+from serval.backends.pipe_tensors import recv_tensors, send_tensors
 from serval.errors import BackendError, EngineRejectedInput, ServalError, ServerUnavailable
 from serval.protocol.types import InferRequest, TensorDict
 
@@ -60,7 +60,8 @@ class StreamingIsolatedBackend(IsolatedBackend):
     """IsolatedBackend whose children serve decoupled models too."""
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        model = IsolatedModel(self.inner, spec, child_target=stream_child_main)
+        model = IsolatedModel(self.inner, spec, child_target=stream_child_main,
+                              caller=self.caller)
         if model.metadata.decoupled:
             return IsolatedStreamModel(model)
         return IsolatedRequestModel(model) if model.takes_requests else model
@@ -85,7 +86,8 @@ class IsolatedStreamModel(IsolatedRequestModel):
         conn = self.isolated.connection()
         with self._lock:
             if self._pipe is None or self._pipe.conn is not conn:
-                self._pipe = StreamPipe(conn, lambda: self.isolated.lost(conn))
+                self._pipe = StreamPipe(conn, lambda: self.isolated.lost(conn),
+                                        self.isolated)
             return self._pipe
 
     def unload(self) -> None:
@@ -99,9 +101,11 @@ class IsolatedStreamModel(IsolatedRequestModel):
 class StreamPipe:
     """The parent's end of one child's pipe for a decoupled model."""
 
-    def __init__(self, conn: Connection, on_lost: Callable[[], ServalError]) -> None:
+    def __init__(self, conn: Connection, on_lost: Callable[[], ServalError],
+                 model: IsolatedModel | None = None) -> None:
         self.conn = conn
         self._on_lost = on_lost
+        self._model = model  # whose BLS calls this pipe answers
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the tables below
         self._streams: dict[int, ResponseSink] = {}
@@ -171,6 +175,13 @@ class StreamPipe:
                     self._route(message[1], recv_response(self.conn, message[2], message[3]))
                 elif message[0] == _EXECUTED:
                     self._finish(message[1], recv_results(self.conn, self.conn.recv()[1]))
+                elif message[0] == bls.CALL:  # answered on a thread: responses go on
+                    model = self._model
+                    bls.answer_call_later(
+                        self.conn, message[1], model.caller if model else None,
+                        model.label if model else "this model",
+                        model.abandon if model else threading.Event(), self._send_lock,
+                        _spawn)
                 else:  # _FAILED
                     self._finish(message[1], BackendError(
                         f"the model raised in its worker process: {message[2]}"))
@@ -214,6 +225,10 @@ class StreamPipe:
                 return
             if stop:
                 return
+
+
+def _spawn(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, daemon=True, name="serval-bls-call").start()
 
 
 def _sink_of(request: InferRequest) -> ResponseSink:
@@ -271,6 +286,8 @@ class ChildStreams:
     def __init__(self, conn: Connection, model: RequestModel) -> None:
         self.conn, self.model = conn, model
         self.send_lock = threading.Lock()
+        self.bls = bls.ChildChannel(conn, self.send_lock, routed=True)
+        bls.install(self.bls)
         self.sinks: dict[int, ChildSink] = {}
         self._work: queue.SimpleQueue[tuple[int, list[InferRequest]] | None] = (
             queue.SimpleQueue())
@@ -282,6 +299,7 @@ class ChildStreams:
         try:
             self._read()
         finally:
+            self.bls.close()  # calls waiting for a reply get an error
             for sink in list(self.sinks.values()):
                 sink.cancel()  # senders waiting for room wake; what they send is dropped
             self._work.put(None)
@@ -300,6 +318,8 @@ class ChildStreams:
                 self._work.put((batch_id, [self._stream_request(request, sid, window)
                                            for request, sid, window
                                            in zip(requests, stream_ids, windows, strict=True)]))
+            elif message[0] == bls.REPLY:
+                self.bls.deliver(message[1])
             elif message[0] == _CONTROL:
                 for action, stream_id, count in message[1]:
                     sink = self.sinks.get(stream_id)

@@ -73,7 +73,8 @@ class PythonBackend(EngineBackend):
         self._check_allowed(spec)
         if spec.config.isolation == "process" or await asyncio.to_thread(
                 defines_triton_model, spec.path / MODEL_FILE):
-            return await context.batch_engine(StreamingIsolatedBackend(self), spec)
+            return await context.batch_engine(
+                StreamingIsolatedBackend(self, context.model_caller()), spec)
         return await super().serve(spec, context)
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:

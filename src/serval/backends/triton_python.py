@@ -11,6 +11,8 @@ The python backend runs these models in a worker process (backends/python.py).
 from __future__ import annotations
 
 import ast
+import asyncio
+import inspect
 import json
 import sys
 import threading
@@ -116,6 +118,8 @@ class TritonModel:
         pb_requests = [self._pb_request(request) for request in requests]
         with self._lock:
             responses = self._instance.execute(pb_requests)
+            if inspect.iscoroutine(responses):  # `async def execute` (awaits async_exec())
+                responses = asyncio.run(responses)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = (len(responses) if isinstance(responses, list | tuple)
                    else type(responses).__name__)
@@ -136,6 +140,8 @@ class TritonModel:
             pb_requests.append(self._pb_request(request, self._sender(request)))
         with self._lock:
             returned = self._instance.execute(pb_requests)
+            if inspect.iscoroutine(returned):
+                returned = asyncio.run(returned)
         if returned is not None:
             raise BackendError(f"model '{self._name}' is decoupled: execute() must return "
                                f"None (it sends responses), it returned {type(returned).__name__}")

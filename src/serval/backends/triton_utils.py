@@ -3,21 +3,24 @@ requests, responses, errors, the auto-complete config helper and the datatype he
 
 Models import it as `import triton_python_backend_utils as pb_utils`; the python backend makes
 that name resolve to this module before it imports a model.py (backends/triton_python.py).
-Decoupled models get a response sender per request (InferenceResponseSender); BLS
-(`InferenceRequest.exec`) and DLPack are not provided.
+Decoupled models get a response sender per request (InferenceResponseSender); a model runs
+other models with InferenceRequest(model_name=..., ...).exec() (BLS, backends/bls.py); DLPack
+is not provided.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from serval.backends.triton_autocomplete import ModelConfig as ModelConfig  # pb_utils.ModelConfig
 from serval.protocol.dtypes import DATATYPES
 
 _log = logging.getLogger("serval.backends.triton_model")
@@ -112,15 +115,20 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One client request as execute() receives it."""
+    """One client request as execute() receives it, or one the model makes to run another
+    model of the server (business logic scripting: exec(), async_exec())."""
 
-    def __init__(self, inputs: Sequence[Tensor], request_id: str = "",
+    def __init__(self, inputs: Sequence[Tensor] = (), request_id: str = "",
                  correlation_id: int | str = 0,
                  requested_output_names: Sequence[str] = (),
-                 parameters: str | dict[str, Any] = "{}", model_name: str = "",
+                 parameters: str | dict[str, Any] = "{}", model_name: str | bytes = "",
                  model_version: int = -1, flags: int = 0,
-                 response_sender: InferenceResponseSender | None = None) -> None:
+                 response_sender: InferenceResponseSender | None = None, timeout: int = 0,
+                 preferred_memory: Any = None, trace: Any = None) -> None:
+        if isinstance(model_name, bytes):  # as read from a BYTES input
+            model_name = model_name.decode("utf-8", errors="replace")
         self._sender = response_sender
+        self._timeout_us = timeout
         self._inputs = list(inputs)
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -157,12 +165,34 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return self._sender is not None and self._sender.is_cancelled()
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException("business logic scripting (InferenceRequest.exec) is not "
-                                   "supported by Serval")
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on its model (business logic scripting); the response carries
+        the outputs, or the error (never raised)."""
+        from serval.backends import bls
 
-    def async_exec(self, *args: Any, **kwargs: Any) -> Any:
-        return self.exec(*args, **kwargs)
+        if decoupled:
+            raise TritonModelException("exec(decoupled=True) is not supported by Serval: "
+                                       "call a model that answers once per request")
+        channel = bls.current()
+        if channel is None:
+            return InferenceResponse(error=TritonError(
+                "business logic scripting runs only inside execute()", TritonError.UNAVAILABLE))
+        version = None if self._model_version in (-1, None) else str(self._model_version)
+        answer = channel.call(
+            self._model_name, version, {t.name(): t.as_numpy() for t in self._inputs},
+            self._requested_output_names or None, json.loads(self._parameters or "{}"),
+            self._timeout_us)
+        if isinstance(answer, str):
+            return InferenceResponse(error=TritonError(answer))
+        return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
+        """exec() on a thread, awaitable from an `async def execute`."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise TritonModelException("async_exec() needs an `async def execute`") from None
+        return loop.run_in_executor(None, self.exec, decoupled)
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -318,82 +348,3 @@ def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
         items.append(bytes(view[offset:offset + length]))
         offset += length
     return np.array(items, dtype=np.object_)
-
-
-# auto-complete ---------------------------------------------------------------------------------
-
-_TENSOR_PROPERTIES = ("name", "data_type", "dims", "optional")
-
-
-class ModelConfig:
-    """The model configuration auto_complete_config(auto_complete_model_config) receives and
-    returns: read it with as_dict(), change the batch size, scheduler, inputs and outputs."""
-
-    def __init__(self, model_config: str | dict[str, Any]) -> None:
-        config = json.loads(model_config) if isinstance(model_config, str) else model_config
-        self._config: dict[str, Any] = config
-        self._config.setdefault("input", [])
-        self._config.setdefault("output", [])
-        self._config.setdefault("max_batch_size", 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return self._config
-
-    def _name(self) -> str:
-        return str(self._config.get("name", ""))
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        configured = int(self._config.get("max_batch_size", 0))
-        if configured > max_batch_size:
-            raise ValueError(f"configuration specified max_batch_size {configured}, but "
-                             f"auto_complete_config of model '{self._name()}' specified "
-                             f"max_batch_size {max_batch_size}")
-        self._config["max_batch_size"] = int(max_batch_size)
-
-    def set_dynamic_batching(self) -> None:
-        for scheduler in ("sequence_batching", "ensemble_scheduling"):
-            if scheduler in self._config:
-                raise ValueError(f"configuration specified scheduling_choice as '{scheduler}', "
-                                 f"but auto_complete_config of model '{self._name()}' tries to "
-                                 "set it to 'dynamic_batching'")
-        self._config.setdefault("dynamic_batching", {})
-
-    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        unknown = sorted(set(transaction_policy_dict) - {"decoupled"})
-        if unknown:
-            raise ValueError(f"model_transaction_policy of model '{self._name()}' has unknown "
-                             f"properties {unknown}")
-        policy = self._config.setdefault("model_transaction_policy", {})
-        policy["decoupled"] = bool(transaction_policy_dict.get("decoupled", False))
-
-    def add_input(self, input: dict[str, Any]) -> None:
-        self._add_tensor("input", input)
-
-    def add_output(self, output: dict[str, Any]) -> None:
-        self._add_tensor("output", output)
-
-    def _add_tensor(self, kind: str, tensor: dict[str, Any]) -> None:
-        where = (f"{kind} '{tensor.get('name', '')}' in auto_complete_config of model "
-                 f"'{self._name()}'")
-        unknown = sorted(set(tensor) - set(_TENSOR_PROPERTIES))
-        if unknown:
-            raise ValueError(f"{where} has properties other than name, data_type, dims, "
-                             f"optional: {unknown}")
-        for required in ("name", "data_type", "dims"):
-            if required not in tensor:
-                raise ValueError(f"{where} is missing its '{required}' property")
-        if tensor["data_type"] not in TRITON_STRING_TO_NUMPY:
-            raise ValueError(f"{where}: unknown data_type '{tensor['data_type']}'")
-        for current in self._config[kind]:
-            if current["name"] != tensor["name"]:
-                continue
-            if current.get("data_type", "TYPE_INVALID") not in ("TYPE_INVALID",
-                                                                 tensor["data_type"]):
-                raise ValueError(f"{where}: the configuration says data_type "
-                                 f"{current['data_type']}, the model {tensor['data_type']}")
-            if current.get("dims") and [int(d) for d in current["dims"]] != list(tensor["dims"]):
-                raise ValueError(f"{where}: the configuration says dims {current['dims']}, "
-                                 f"the model {tensor['dims']}")
-            current.update(tensor)
-            return
-        self._config[kind].append(dict(tensor))

@@ -4,19 +4,22 @@ an engine loaded, warmed up and batched; a pipeline's steps run through the data
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from serval.backends.base import Engine, ModelVersionSpec, Served
+from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
-from serval.errors import ConfigError, ServerUnavailable
-from serval.protocol.types import InferRequest, InferResponse
+from serval.errors import ConfigError, InvalidInput, ServerUnavailable
+from serval.protocol.types import InferRequest, InferResponse, TensorDict
 from serval.repository.declared import as_declared
 from serval.repository.sequences import serve_sequences
 from serval.repository.served import ServedModel
 from serval.repository.warmup import run_warmup
 
+ABANDON_POLL_S = 0.05  # how often a waiting BLS call looks whether its model is unloading
 # the data plane's per-model path: (model, version, request, received_ns, deadline_ns)
 StepPath = Callable[[str, str | None, InferRequest, int, int | None], Awaitable[InferResponse]]
 
@@ -80,3 +83,27 @@ class VersionContext:
 
     def record_step(self, step: str, duration_ns: int) -> None:
         self._served.stats.record_step(step, duration_ns)
+
+    def model_caller(self) -> ModelCaller:
+        """A thread's way onto this event loop's data plane (Triton's BLS), for this version's
+        engine threads: a call to the version's own model is refused (its instances may all be
+        busy waiting on the call: a deadlock)."""
+        loop, steps, own = asyncio.get_running_loop(), self._steps, self._served.name
+
+        def call(model: str, version: str | None, request: InferRequest,
+                 timeout_s: float | None, abandon: threading.Event) -> TensorDict:
+            if model == own:
+                raise InvalidInput(f"model '{own}' cannot run inference on itself")
+            deadline_ns = None if timeout_s is None else (
+                time.perf_counter_ns() + int(timeout_s * 1e9))
+            future = asyncio.run_coroutine_threadsafe(
+                steps.run(model, version, request, deadline_ns), loop)
+            while True:
+                try:
+                    return future.result(ABANDON_POLL_S).outputs
+                except concurrent.futures.TimeoutError:
+                    if abandon.is_set():
+                        future.cancel()
+                        raise ServerUnavailable(f"model '{own}' is being unloaded") from None
+
+        return call

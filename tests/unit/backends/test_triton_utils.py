@@ -58,10 +58,16 @@ def test_an_error_response_carries_message_and_code() -> None:
         pb_utils.InferenceResponse(output_tensors="nope")  # type: ignore[arg-type]
 
 
-def test_bls_is_not_supported_and_a_sender_is_for_decoupled_models() -> None:
-    request = pb_utils.InferenceRequest([])
-    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-        request.exec()
+def test_bls_outside_a_worker_is_an_error_response_and_a_sender_is_for_decoupled_models(
+        ) -> None:
+    request = pb_utils.InferenceRequest(model_name=b"other", requested_output_names=["Y"])
+    assert request.model_name() == "other"  # bytes, as read from a BYTES input, become text
+    answer = request.exec()
+    assert answer.has_error() and "only inside execute()" in answer.error().message()
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled=True"):
+        request.exec(decoupled=True)
+    with pytest.raises(pb_utils.TritonModelException, match="async def execute"):
+        request.async_exec()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled"):
         request.get_response_sender()
     assert not request.is_cancelled()

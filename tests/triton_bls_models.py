@@ -1,0 +1,116 @@
+"""Triton Python-backend models that run other models (business logic scripting), written as
+a Triton user writes them: `pb_utils.InferenceRequest(model_name=..., ...).exec()`, and
+`async_exec()` from an `async def execute`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests import fixture_models
+from tests.triton_python_models import ADD_SUB
+
+# Runs the model named by MODEL_NAME on INPUT0 and INPUT1 and answers its outputs; its error,
+# if any, becomes this request's error.
+BLS_SYNC = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            target = pb_utils.get_input_tensor_by_name(request, "MODEL_NAME").as_numpy().flat[0]
+            call = pb_utils.InferenceRequest(
+                model_name=target, requested_output_names=["OUTPUT0", "OUTPUT1"],
+                inputs=[in0, in1])
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=answer.output_tensors()))
+        return responses
+'''
+
+# OUTPUT0 from the ONNX add_sub, OUTPUT1 from the Python one, both asked at once.
+BLS_ASYNC = '''
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                      pb_utils.get_input_tensor_by_name(request, "INPUT1")]
+            calls = [pb_utils.InferenceRequest(
+                         model_name=name, requested_output_names=["OUTPUT0", "OUTPUT1"],
+                         inputs=inputs).async_exec()
+                     for name in ("add_sub_onnx", "add_sub")]
+            onnx, python = await asyncio.gather(*calls)
+            for answer in (onnx, python):
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.get_output_tensor_by_name(onnx, "OUTPUT0"),
+                pb_utils.get_output_tensor_by_name(python, "OUTPUT1")]))
+        return responses
+'''
+
+# Decoupled: runs add_sub_onnx once per request, then streams OUTPUT0 twice (x1, x2).
+BLS_DECOUPLED = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            answer = pb_utils.InferenceRequest(
+                model_name="add_sub_onnx", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                        pb_utils.get_input_tensor_by_name(request, "INPUT1")]).exec()
+            if answer.has_error():
+                sender.send(pb_utils.InferenceResponse(error=answer.error()),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            total = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total)]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total * 2)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+def _pbtxt(name: str, model_name_input: bool = False, two_outputs: bool = True,
+           decoupled: bool = False) -> str:
+    """A Python model's config.pbtxt: FP32 [16] INPUT0, INPUT1 (and MODEL_NAME) in, OUTPUT0
+    (and OUTPUT1) out, batches of up to 8."""
+    inputs = ['{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }',
+              '{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }']
+    if model_name_input:
+        inputs.append('{ name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }')
+    outputs = [f'{{ name: "OUTPUT{i}" data_type: TYPE_FP32 dims: [ 16 ] }}'
+               for i in range(2 if two_outputs else 1)]
+    policy = "model_transaction_policy { decoupled: true }\n" if decoupled else ""
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n{policy}'
+            f"input [ {', '.join(inputs)} ]\noutput [ {', '.join(outputs)} ]\n")
+
+
+def _write(root: Path, name: str, source: str, pbtxt: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(pbtxt)
+    (root / name / "1" / "model.py").write_text(source)
+
+
+def build(root: Path) -> Path:
+    """bls_sync, bls_async and bls_decoupled over add_sub (Python) and add_sub_onnx."""
+    _write(root, "add_sub", ADD_SUB, _pbtxt("add_sub"))
+    fixture_models.add_sub(root, "add_sub_onnx", config="max_batch_size: 8\n")
+    _write(root, "bls_sync", BLS_SYNC, _pbtxt("bls_sync", model_name_input=True))
+    _write(root, "bls_async", BLS_ASYNC, _pbtxt("bls_async"))
+    _write(root, "bls_decoupled", BLS_DECOUPLED,
+           _pbtxt("bls_decoupled", two_outputs=False, decoupled=True))
+    return root
