@@ -193,3 +193,39 @@ def test_a_failing_new_version_leaves_the_old_one_serving(server_factory: Factor
     failed = next(e for e in index if e["version"] == "2")
     assert failed["state"] == "UNAVAILABLE" and "load failed" in failed["reason"]
     assert np.isfinite(infer(server.url, "clf", X).json()["outputs"][0]["data"]).all()
+
+
+def test_a_load_of_a_changed_model_reloads_it_and_of_an_unchanged_one_does_nothing(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """Triton's load_model: the files of a served version replaced in place (new weights, an
+    edited config) load again beside it, and the answers change with no failed request."""
+    _linear_versions(tmp_path, "clf", [1], "max_batch_size: 8\n")
+    server = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "clf")
+    client = triton.InferenceServerClient(server.url)
+    before = infer(server.url, "clf", X).json()["outputs"][0]["data"]
+    loads = _metric(server, "serval_model_loads_total")
+    client.load_model("clf")  # nothing changed: nothing loads
+    assert _metric(server, "serval_model_loads_total") == loads
+    replacement = fixture_models.linear(tmp_path / "build", name="clf", seed=7)
+    shutil.copyfile(replacement, tmp_path / "clf" / "1" / "model.onnx")
+    (tmp_path / "clf" / "config.yaml").write_text("max_batch_size: 4\n")
+    client.load_model("clf")
+    assert _metric(server, "serval_model_loads_total") == loads + 1
+    assert client.get_model_config("clf")["max_batch_size"] == 4
+    after = infer(server.url, "clf", X).json()
+    assert after["model_version"] == "1" and after["outputs"][0]["data"] != before
+    assert _states(server) == {"clf/1": "READY"}
+
+
+def test_polling_reloads_a_model_whose_config_was_edited(server_factory: Factory,
+                                                         tmp_path: Path) -> None:
+    _linear_versions(tmp_path, "clf", [1], "max_batch_size: 8\n")
+    server = server_factory(tmp_path, "--poll-interval-s", "0.1")
+    client = triton.InferenceServerClient(server.url)
+    assert client.get_model_config("clf")["max_batch_size"] == 8
+    (tmp_path / "clf" / "config.yaml").write_text("max_batch_size: 2\n")
+    deadline = time.monotonic() + 30
+    while client.get_model_config("clf")["max_batch_size"] != 2:
+        assert time.monotonic() < deadline, "the edited config did not load in 30 s"
+        time.sleep(0.05)
+    assert infer(server.url, "clf", X).status == 200

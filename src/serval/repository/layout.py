@@ -9,6 +9,7 @@ from pathlib import Path
 from serval.backends.base import ModelVersionSpec
 from serval.config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
 from serval.errors import ConfigError
+from serval.repository.store import SERVING_FILE
 from serval.repository.triton_config import PBTXT_FILE, load_pbtxt
 
 
@@ -56,6 +57,28 @@ def scan_model(root: Path, name: str) -> ModelDirectory | None:
     if not path.is_dir():
         return None
     return ModelDirectory(name, path, _versions(path))
+
+
+Signature = tuple[tuple[str, int, int], ...]  # (file, size, mtime ns) of each file
+
+
+def version_signature(model_dir: Path, version: str) -> Signature:
+    """What a loaded version was loaded from: the model folder's own files (its config, label
+    files; not serving.json, which picks versions) and every file of the version folder. A
+    load of a served version whose signature changed reloads it (as Triton's load_model)."""
+    files = [f for f in model_dir.iterdir() if f.is_file() and f.name != SERVING_FILE
+             and not f.name.startswith(".")]
+    version_dir = model_dir / version
+    if version_dir.is_dir():
+        files += [f for f in version_dir.rglob("*") if f.is_file()]
+    signature = []
+    for path in files:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # gone while looking: the next look sees it gone
+            continue
+        signature.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(signature))
 
 
 def version_bytes(path: Path) -> int:

@@ -24,7 +24,13 @@ from serval.backends.base import Backend
 from serval.config import PipelineStep, server_default
 from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
 from serval.repository.context import StepPath, StepRouter, VersionContext
-from serval.repository.layout import ModelDirectory, scan_model, scan_repository, version_bytes
+from serval.repository.layout import (
+    ModelDirectory,
+    scan_model,
+    scan_repository,
+    version_bytes,
+    version_signature,
+)
 from serval.repository.memory import MemoryKeeper
 from serval.repository.overrides import (
     LoadOverride,
@@ -155,11 +161,25 @@ class ModelRegistry:
             reasons = "; ".join(s.reason for s in self._models[name].values()) or (
                 "the version policy selects no version folder")
             raise ModelNotReady(f"failed to load '{name}': nothing to load: {reasons}")
+        if await self._changed_on_disk(name):  # as Triton: a changed model reloads
+            await self._swap(name, None)
+            return
         failures = await self._load_versions(name)
         if failures:  # retire nothing: the versions already serving keep serving
             raise ModelNotReady(f"failed to load '{name}': {'; '.join(failures)}")
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
+
+    async def _changed_on_disk(self, name: str) -> bool:
+        """Whether a selected version that serves was loaded from files that changed since."""
+        versions = self._models.get(name, {})
+        for version in self._selected.get(name, ()):
+            served = versions.get(version)
+            if served is not None and served.ready and served.signature is not None:
+                now = await asyncio.to_thread(version_signature, self.root / name, version)
+                if now != served.signature:
+                    return True
+        return False
 
     async def _swap(self, name: str, override: LoadOverride | None) -> None:
         """Load every selected version afresh (with the override; None: the folder as it is)
@@ -394,6 +414,8 @@ class ModelRegistry:
         directory, override = source
         if directory is None:
             raise ConfigError(f"{self.root / served.name}: model folder is gone")
+        signature = None if override is not None else await asyncio.to_thread(
+            version_signature, directory.path, served.version)  # first: later edits show
         spec = version_spec(directory, served.version, override)
         if spec.config.response_cache and not self.cache.capacity:
             log.warning("the model enables response_cache but the server has no cache "
@@ -409,6 +431,7 @@ class ModelRegistry:
         serving = await backend.serve(spec, VersionContext(served, self._engine_pool,
                                                            self._steps))
         served.spec, served.model, served.runner = spec, serving.model, serving.runner
+        served.signature = signature
         served.memory_bytes = serving.model.memory_bytes()
         served.state, served.reason = ModelState.READY, ""
         served.last_used_ns = self._clock()

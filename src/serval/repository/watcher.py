@@ -14,13 +14,15 @@ from serval.repository.triton_config import PBTXT_FILE
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[str, ...], float, float, float]
+Signature = tuple[tuple[tuple[str, float], ...], float, float, float]
 
 
 def model_signature(model_dir: Path) -> Signature:
-    """What a reload depends on: version folders, serving.json, config.yaml and config.pbtxt
-    times."""
-    versions = tuple(sorted(p.name for p in model_dir.iterdir() if p.name.isdigit()))
+    """What a reload depends on, cheaply: version folders and their times (a file added or
+    renamed into one), serving.json, config.yaml and config.pbtxt times. registry.load then
+    reloads what changed (each served version's files compared with those it loaded)."""
+    versions = tuple(sorted((p.name, _mtime(p)) for p in model_dir.iterdir()
+                            if p.name.isdigit()))
     return (versions, _mtime(model_dir / SERVING_FILE), _mtime(model_dir / "config.yaml"),
             _mtime(model_dir / PBTXT_FILE))
 

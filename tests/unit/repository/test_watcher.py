@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from serval.repository.layout import version_signature
 from serval.repository.watcher import model_signature
 
 pytestmark = pytest.mark.unit
@@ -27,3 +28,28 @@ def test_a_new_version_folder_changes_the_signature(tmp_path: Path) -> None:
     before = model_signature(tmp_path)
     (tmp_path / "2").mkdir()
     assert model_signature(tmp_path) != before
+
+
+def test_a_file_renamed_into_a_version_folder_changes_the_signature(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    os.utime(tmp_path / "1", (1_000, 1_000))
+    before = model_signature(tmp_path)
+    (tmp_path / "model.onnx.new").write_bytes(b"weights")
+    (tmp_path / "model.onnx.new").rename(tmp_path / "1" / "model.onnx")
+    assert model_signature(tmp_path) != before
+
+
+def test_a_versions_signature_is_its_files_and_its_models_config(tmp_path: Path) -> None:
+    (tmp_path / "1" / "sub").mkdir(parents=True)
+    (tmp_path / "1" / "sub" / "weights.bin").write_bytes(b"abc")
+    (tmp_path / "config.yaml").write_text("max_batch_size: 8\n")
+    signature = version_signature(tmp_path, "1")
+    assert [name for name, _, _ in signature] == ["1/sub/weights.bin", "config.yaml"]
+    (tmp_path / "serving.json").write_text('{"version": "1"}')  # picks versions: not part
+    (tmp_path / "2").mkdir()  # another version: not part
+    assert version_signature(tmp_path, "1") == signature
+    (tmp_path / "1" / "sub" / "weights.bin").write_bytes(b"abcd")  # in place, same folder
+    changed = version_signature(tmp_path, "1")
+    assert changed != signature
+    os.utime(tmp_path / "config.yaml", (5_000, 5_000))
+    assert version_signature(tmp_path, "1") != changed
