@@ -92,7 +92,8 @@ _SELECTOR = re.compile(r"\b((?:serval|process)_[a-z_]+)(\{[^}]*\})?")
 # metrics of the whole server (the registry's memory and loads), without a model label
 _SERVER_WIDE = ("serval_resident_bytes", "serval_memory_budget_bytes", "serval_model_loads",
                 "serval_model_evictions", "serval_model_cache_", "serval_model_load_duration",
-                "process_")
+                "serval_response_cache_bytes", "serval_response_cache_capacity",
+                "serval_response_cache_evictions", "process_")
 
 
 def test_the_dashboards_variables_filter_every_panel() -> None:
