@@ -219,6 +219,41 @@ outputs:
 """
 
 
+# OUT = X + BIAS, BIAS optional (0 when left out); WITH_BIAS says whether it was given.
+OPTIONAL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            bias = pb_utils.get_input_tensor_by_name(request, "BIAS")
+            total = x if bias is None else x + bias.as_numpy()
+            given = np.full((x.shape[0], 1), bias is not None)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", total), pb_utils.Tensor("WITH_BIAS", given)]))
+        return responses
+'''
+
+OPTIONAL_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+input [
+  {{ name: "X" data_type: TYPE_FP32 dims: [ 4 ] }},
+  {{ name: "BIAS" data_type: TYPE_FP32 dims: [ 4 ] optional: true }}
+]
+output [
+  {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }},
+  {{ name: "WITH_BIAS" data_type: TYPE_BOOL dims: [ 1 ] }}
+]
+"""
+
+
 def write(root: Path, name: str, source: str, config: str) -> Path:
     """A model folder: config.yaml and 1/model.py; returns the model folder."""
     version = root / name / "1"

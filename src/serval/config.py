@@ -96,6 +96,7 @@ class TensorConfig(_Strict):
     dims: list[int] = Field(default_factory=list)
     reshape: list[int] | None = Field(
         None, description="config.pbtxt: the dims the engine sees (clients send dims)")
+    optional: bool = Field(False, description="an input requests may leave out (python models)")
 
     @field_validator("dims")
     @classmethod
@@ -213,6 +214,16 @@ class ModelConfig(_Strict):
         if self.response_cache and self.sequence_batching is not None:
             raise ValueError("response_cache is not supported for sequence models (each "
                              "answer depends on the sequence's state)")
+        return self
+
+    @model_validator(mode="after")
+    def _optional_inputs(self) -> ModelConfig:
+        if any(tensor.optional for tensor in self.outputs):
+            raise ValueError("optional is for inputs (a model returns every output)")
+        optional = [tensor.name for tensor in self.inputs if tensor.optional]
+        if optional and self.backend != "python":
+            raise ValueError(f"input '{optional[0]}' is optional: optional inputs are "
+                             "supported for python models only")
         return self
 
 

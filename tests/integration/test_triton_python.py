@@ -228,3 +228,34 @@ def test_a_model_decoupled_by_auto_complete_streams_and_refuses_unary_calls(
     assert [a.as_numpy("OUT").tolist() for a in answers] == [[4.0], [6.0]]
     assert [a.get_response().parameters["triton_final_response"].bool_param
             for a in answers] == [False, True]
+
+
+def test_an_optional_input_may_be_left_out_and_such_requests_batch_apart(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    models.write_pbtxt(tmp_path, "optional", models.OPTIONAL, models.OPTIONAL_PBTXT)
+    server = server_factory(tmp_path, "--allow-python-models")
+    config = httpclient.InferenceServerClient(server.url).get_model_config("optional")
+    assert [t.get("optional", False) for t in config["input"]] == [False, True]
+    answers: dict[int, Any] = {}
+
+    def ask(index: int) -> None:  # half the clients send BIAS, all at once
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        x = np.full((1, 4), float(index), np.float32)
+        inputs = [_input(grpcclient, "X", x, "FP32")]
+        if index % 2:
+            inputs.append(_input(grpcclient, "BIAS", np.ones((1, 4), np.float32), "FP32"))
+        answers[index] = client.infer("optional", inputs)
+
+    threads = [threading.Thread(target=ask, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for index, result in answers.items():
+        np.testing.assert_array_equal(result.as_numpy("OUT"), [[index + index % 2] * 4])
+        assert result.as_numpy("WITH_BIAS").tolist() == [[bool(index % 2)]]
+    assert len(answers) == 8
+    client = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match="needs input 'X'"):
+        client.infer("optional", [_input(httpclient, "BIAS", np.ones((1, 4), np.float32),
+                                         "FP32")])

@@ -25,4 +25,4 @@ def declared_metadata(spec: ModelVersionSpec, platform: str) -> ModelMetadata:
 
 
 def _spec(tensor: TensorConfig, batch: tuple[int, ...]) -> TensorSpec:
-    return TensorSpec(tensor.name, tensor.datatype, (*batch, *tensor.dims))
+    return TensorSpec(tensor.name, tensor.datatype, (*batch, *tensor.dims), tensor.optional)

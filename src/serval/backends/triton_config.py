@@ -105,14 +105,15 @@ def metadata_from_config(model_config: dict[str, Any], where: str) -> ModelMetad
     batch = (-1,) if max_batch_size > 0 else ()
     return ModelMetadata(
         PLATFORM,
-        tuple(_spec(tensor, batch, where) for tensor in inputs),
+        tuple(_spec(tensor, batch, where, input=True) for tensor in inputs),
         tuple(_spec(tensor, batch, where) for tensor in outputs),
         max_batch_size,
         decoupled=bool(policy.get("decoupled", False)),
     )
 
 
-def _spec(tensor: dict[str, Any], batch: tuple[int, ...], where: str) -> TensorSpec:
+def _spec(tensor: dict[str, Any], batch: tuple[int, ...], where: str,
+          input: bool = False) -> TensorSpec:
     name = tensor.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}: every input and output needs a name")
@@ -128,12 +129,13 @@ def _spec(tensor: dict[str, Any], batch: tuple[int, ...], where: str) -> TensorS
                           "expected integers") from None
     if any(d == 0 or d < -1 for d in dims):
         raise ConfigError(f"{where}: tensor '{name}' dims are positive sizes or -1")
-    return TensorSpec(name, datatype, (*batch, *dims))
+    return TensorSpec(name, datatype, (*batch, *dims), input and bool(tensor.get("optional")))
 
 
 def _tensor(tensor: TensorConfig) -> dict[str, Any]:
-    return {"name": tensor.name, "data_type": lookup(tensor.datatype).config,
-            "dims": list(tensor.dims)}
+    entry = {"name": tensor.name, "data_type": lookup(tensor.datatype).config,
+             "dims": list(tensor.dims)}
+    return {**entry, "optional": True} if tensor.optional else entry
 
 
 def _version_policy(policy: VersionPolicy) -> dict[str, Any]:

@@ -24,6 +24,8 @@ def validate_request(request: InferRequest, metadata: ModelMetadata, model: str)
     for spec in metadata.inputs:
         array = request.inputs.get(spec.name)
         if array is None:
+            if spec.optional:
+                continue
             raise InvalidInput(
                 f"model '{model}' needs input '{spec.name}' ({spec.datatype} {list(spec.shape)})"
             )

@@ -18,6 +18,7 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]
+    optional: bool = False  # an input a request may leave out (Triton's `optional: true`)
 
     def as_dict(self) -> dict[str, object]:
         """As v2 model metadata lists a tensor."""

@@ -7,7 +7,8 @@ config.pbtxt alone; config.yaml is then ignored, with a warning naming both file
 What maps where: platform/backend -> backend (onnxruntime_onnx, pytorch_libtorch, python,
 openvino; ensemble -> a pipeline whose steps are ensemble_scheduling.step); max_batch_size as is
 (0: no batch axis, dims are the whole shape); input/output -> inputs/outputs (datatype, dims,
-reshape; checked against the model file and served as declared: repository/declared.py);
+reshape, an input's optional: python models; checked against the model file and served as
+declared: repository/declared.py);
 sequence_batching -> sequence_batching (repository/triton_sequence.py);
 dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds,
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
@@ -57,7 +58,7 @@ _TENSOR = {"name": None, "data_type": None, "dims": None, "format": None,
 SUPPORTED: dict[str, Any] = {
     "name": None, "platform": None, "backend": None, "max_batch_size": None,
     "default_model_filename": None,
-    "input": _TENSOR,
+    "input": {**_TENSOR, "optional": None},
     "output": {**_TENSOR, "label_filename": None},
     "version_policy": {"latest": {"num_versions": None}, "all": {},
                        "specific": {"versions": None}},
@@ -213,9 +214,13 @@ def _datatype(value: int, where: str, source: str) -> str:
 
 def _tensor(tensor: mc.ModelInput | mc.ModelOutput, where: str, source: str
             ) -> dict[str, Any]:
-    return {"name": tensor.name, "datatype": _datatype(tensor.data_type, where, source),
-            "dims": list(tensor.dims),
-            "reshape": list(tensor.reshape.shape) if tensor.HasField("reshape") else None}
+    entry: dict[str, Any] = {
+        "name": tensor.name, "datatype": _datatype(tensor.data_type, where, source),
+        "dims": list(tensor.dims),
+        "reshape": list(tensor.reshape.shape) if tensor.HasField("reshape") else None}
+    if isinstance(tensor, mc.ModelInput) and tensor.optional:
+        entry["optional"] = True
+    return entry
 
 
 def _version_policy(config: mc.ModelConfig) -> dict[str, Any]:

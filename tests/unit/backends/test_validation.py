@@ -42,3 +42,21 @@ def test_each_refusal_says_what_was_wrong(request_: InferRequest, said: str) -> 
     with pytest.raises(InvalidInput) as refused:
         validate_request(request_, METADATA, "m")
     assert said in str(refused.value)
+
+
+def test_an_optional_input_may_be_left_out_but_is_checked_when_given() -> None:
+    metadata = ModelMetadata(
+        platform="test", inputs=(TensorSpec("x", "FP32", (-1, 4)),
+                                 TensorSpec("bias", "FP32", (-1, 4), optional=True)),
+        outputs=(TensorSpec("y", "FP32", (-1, 4)),), max_batch_size=8)
+    validate_request(_request(x=np.zeros((2, 4), np.float32)), metadata, "m")
+    validate_request(_request(x=np.zeros((2, 4), np.float32),
+                              bias=np.ones((2, 4), np.float32)), metadata, "m")
+    with pytest.raises(InvalidInput, match="input 'bias': datatype INT32 given"):
+        validate_request(_request(x=np.zeros((2, 4), np.float32),
+                                  bias=np.ones((2, 4), np.int32)), metadata, "m")
+    with pytest.raises(InvalidInput, match="inputs disagree on the batch size"):
+        validate_request(_request(x=np.zeros((2, 4), np.float32),
+                                  bias=np.ones((3, 4), np.float32)), metadata, "m")
+    with pytest.raises(InvalidInput, match="needs input 'x'"):
+        validate_request(_request(bias=np.ones((2, 4), np.float32)), metadata, "m")
