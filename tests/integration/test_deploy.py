@@ -29,9 +29,11 @@ def _expressions() -> list[str]:
 def test_the_dashboard_queries_only_metrics_the_server_exports(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
-    fixture_models.linear(tmp_path)
-    server = server_factory(tmp_path, "--memory-budget", "64MiB")
-    assert infer(server.url, "linear", X).status == 200
+    fixture_models.linear(tmp_path, config="max_batch_size: 32\nresponse_cache: true\n")
+    server = server_factory(tmp_path, "--memory-budget", "64MiB",
+                            "--cache-config", "local,size=1MB")
+    for _ in range(2):  # a miss, then a hit: the response cache's series
+        assert infer(server.url, "linear", X).status == 200
     exported = {sample.name for family in text_string_to_metric_families(
         call(server.url, "GET", "/metrics").body.decode()) for sample in family.samples}
     queried = {name for expr in _expressions()
