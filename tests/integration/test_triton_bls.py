@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import triton_bls_models
 from tests.conftest import RunningServer
+from tests.integration.stream_helpers import stream_responses
 
 pytestmark = pytest.mark.integration
 
@@ -121,19 +122,8 @@ def test_concurrent_clients_each_get_their_own_answer(bls_server: RunningServer)
 
 def test_a_decoupled_model_calls_out_and_streams(bls_server: RunningServer) -> None:
     a, b = _pair(2)
-    answers: list[Any] = []
-    done = threading.Event()
-
-    def collect(result: Any, error: Any) -> None:
-        answers.append(error or result)
-        if len(answers) == 2:
-            done.set()
-
-    stream = grpcclient.InferenceServerClient(bls_server.grpc_url)
-    stream.start_stream(callback=collect)
-    stream.async_stream_infer("bls_decoupled", _inputs(grpcclient, a, b))
-    assert done.wait(60)
-    stream.close()
+    answers = stream_responses(bls_server.grpc_url, "bls_decoupled",
+                               _inputs(grpcclient, a, b), 2)
     np.testing.assert_allclose(answers[0].as_numpy("OUTPUT0"), a + b, rtol=1e-6)
     np.testing.assert_allclose(answers[1].as_numpy("OUTPUT0"), (a + b) * 2, rtol=1e-6)
 

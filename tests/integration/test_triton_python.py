@@ -18,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import triton_python_models as models
 from tests.conftest import RunningServer
+from tests.integration.stream_helpers import stream_responses
 
 pytestmark = pytest.mark.integration
 
@@ -212,19 +213,8 @@ def test_a_model_decoupled_by_auto_complete_streams_and_refuses_unary_calls(
     x = np.full((1,), 2.0, np.float32)
     with pytest.raises(InferenceServerException, match=r"model 'decoupled' is decoupled"):
         client.infer("decoupled", [_input(httpclient, "IN", x, "FP32")])
-    answers: list[Any] = []
-    done = threading.Event()
-
-    def collect(result: Any, error: Any) -> None:
-        answers.append(error or result)
-        if len(answers) == 2:
-            done.set()
-
-    stream = grpcclient.InferenceServerClient(server.grpc_url)
-    stream.start_stream(callback=collect)
-    stream.async_stream_infer("decoupled", [_input(grpcclient, "IN", x, "FP32")])
-    assert done.wait(30)
-    stream.close()
+    answers = stream_responses(server.grpc_url, "decoupled",
+                               [_input(grpcclient, "IN", x, "FP32")], 2)
     assert [a.as_numpy("OUT").tolist() for a in answers] == [[4.0], [6.0]]
     assert [a.get_response().parameters["triton_final_response"].bool_param
             for a in answers] == [False, True]
