@@ -57,14 +57,16 @@ class RunningServer:
         return self.process.returncode
 
 
-def start_server(repository: Path, log_path: Path, *extra: str, agent: bool = False,
+def start_server(repository: Path | None, log_path: Path, *extra: str, agent: bool = False,
                  timeout_s: float = 60.0) -> RunningServer:
     """Start `python -m serval serve` and wait until it has started: /v2/health/ready answers
     200, or 503 because a model that should serve does not (strict readiness; the test wants
-    that model broken). `agent`: it answers HAProxy's agent checks too, on a port of its own."""
+    that model broken). `agent`: it answers HAProxy's agent checks too, on a port of its own.
+    A repository of None is not passed (`extra` names it, as a tritonserver command would)."""
     ports = free_ports(3 if agent else 2)
     port, grpc_port, agent_port = ports[0], ports[1], ports[2] if agent else None
-    command = [sys.executable, "-m", "serval", "serve", "--repository", str(repository),
+    command = [sys.executable, "-m", "serval", "serve",
+               *(["--repository", str(repository)] if repository else []),
                "--http-port", str(port), "--grpc-port", str(grpc_port),
                *(["--agent-port", str(agent_port)] if agent_port else []), *extra]
     log_file = log_path.open("wb")
@@ -94,7 +96,7 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     """Start servers on demand; every one is stopped at the end of the session."""
     started: list[RunningServer] = []
 
-    def factory(repository: Path, *extra: str, agent: bool = False) -> RunningServer:
+    def factory(repository: Path | None, *extra: str, agent: bool = False) -> RunningServer:
         log_path = tmp_path_factory.mktemp("serval-log") / "server.log"
         server = start_server(repository, log_path, *extra, agent=agent)
         started.append(server)

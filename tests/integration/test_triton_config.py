@@ -4,6 +4,7 @@ config's JSON form, and load errors naming the field."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,21 @@ def test_load_model_at_start_under_explicit_control(
     everything = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "*")
     client = httpclient.InferenceServerClient(everything.url)
     assert client.is_model_ready("simple") and client.is_model_ready("double")
+
+
+def test_tritons_flag_names_serve_a_repository_and_poll_it(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """`--model-repository`, `--model-control-mode poll` and `--repository-poll-secs` as a
+    tritonserver command line has them."""
+    repository = tmp_path / "models"
+    fixture_models.add_sub(repository, "simple")
+    fixture_models.triton_config(repository, "simple", SIMPLE)
+    server = server_factory(None, "--model-repository", str(repository),
+                            "--model-control-mode", "poll", "--repository-poll-secs", "0.1")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_model_ready("simple")
+    fixture_models.double(repository)  # a model appears: the poll loads it
+    deadline = time.monotonic() + 30
+    while not client.is_model_ready("double"):
+        assert time.monotonic() < deadline, "the new model did not load in 30 s"
+        time.sleep(0.05)

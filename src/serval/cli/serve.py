@@ -31,7 +31,9 @@ def _limit(field: str, help_text: str, unit: int = 1) -> Any:
 
 
 def serve_command(
-    repository: Path = typer.Option(..., "--repository", "-r", help="Model repository folder."),
+    repository: Path = typer.Option(
+        None, "--repository", "-r", show_default=False,
+        help="Model repository folder (required; Triton's --model-repository works too)."),
     host: str = typer.Option(server_default("host"), help="Address to listen on."),
     http_port: int = typer.Option(server_default("http_port"), "--http-port",
                                   help="HTTP port (KServe v2 REST)."),
@@ -39,7 +41,8 @@ def serve_command(
                                   help="gRPC port (KServe v2); 0 disables."),
     model_control: str = typer.Option(
         server_default("model_control"), "--model-control",
-        help="all: load every model at start; lazy: on first request; explicit: via the API.",
+        help="all: load every model at start; lazy: on first request; explicit: via the API "
+        "(Triton's --model-control-mode none|poll|explicit works too).",
     ),
     load_models: list[str] = typer.Option(
         None, "--load-model", metavar="NAME",
@@ -73,7 +76,8 @@ def serve_command(
     ),
     poll_interval_s: float = typer.Option(
         server_default("poll_interval_s"), "--poll-interval-s", parser=seconds, metavar="DURATION",
-        help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off).",
+        help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off; "
+        "Triton's --repository-poll-secs works too).",
     ),
     workers: str = typer.Option(
         str(server_default("workers")), metavar="N|auto",
@@ -113,6 +117,10 @@ def serve_command(
         None, "--trace-config", metavar="SETTING=VALUE",
         help="Trace setting at start, as Triton's flag (repeatable): level=TIMESTAMPS, "
         "rate=N (every Nth request), count=N (-1: no limit), log-frequency=N."),
+    triton_repository: Path = typer.Option(None, "--model-repository", hidden=True),
+    triton_control: str = typer.Option(None, "--model-control-mode", hidden=True),
+    triton_poll_s: float = typer.Option(None, "--repository-poll-secs", parser=seconds,
+                                        hidden=True),
     cache_config: list[str] = typer.Option(
         None, "--cache-config", metavar="local,size=BYTES",
         help="Triton's response cache: this many bytes (1048576, 512MB, 2GiB) of results for "
@@ -189,6 +197,14 @@ def serve_command(
     """Serve every model in REPOSITORY over KServe v2 REST and gRPC."""
     from serval.server.runner import serve
 
+    if repository is not None and triton_repository is not None:
+        fail("give --repository or Triton's --model-repository, not both")
+    repository = repository or triton_repository
+    if repository is None:
+        fail("Missing option '--repository' / '-r' (the model repository folder)")
+    model_control, poll_interval_s = _triton_control(
+        triton_control or model_control,
+        poll_interval_s if triton_poll_s is None else triton_poll_s)
     try:
         limits = TransportLimits(
             max_connections=max_connections, receive_budget_bytes=int(receive_budget_mb * MIB),
@@ -270,6 +286,19 @@ def _trace_settings(trace_file: Path | None, items: list[str]) -> dict[str, Any]
     except ServalError as exc:
         raise typer.BadParameter(f"--trace-config: {exc.message}") from None
     return settings
+
+
+TRITON_POLL_S = 15.0  # Triton's --repository-poll-secs default
+
+
+def _triton_control(mode: str, poll_interval_s: float) -> tuple[str, float]:
+    """Triton's --model-control-mode names onto Serval's: none is all; poll is all, watching
+    the repository (every 15 s unless told)."""
+    if mode == "none":
+        return "all", poll_interval_s
+    if mode == "poll":
+        return "all", poll_interval_s or TRITON_POLL_S
+    return mode, poll_interval_s
 
 
 def _cache_size(items: list[str]) -> int:
