@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from serval.repository import watcher
 from serval.repository.layout import version_signature
+from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import model_signature
 
 pytestmark = pytest.mark.unit
@@ -53,3 +58,29 @@ def test_a_versions_signature_is_its_files_and_its_models_config(tmp_path: Path)
     assert changed != signature
     os.utime(tmp_path / "config.yaml", (5_000, 5_000))
     assert version_signature(tmp_path, "1") != changed
+
+
+def test_the_watcher_looks_at_the_repository_off_the_event_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look at 10,000 model folders takes ~0.4 s of file system calls: never on the loop."""
+    looks: list[bool] = []
+    real = watcher._signatures
+
+    def signatures(root: Path) -> dict[str, watcher.Signature]:
+        looks.append(threading.current_thread() is threading.main_thread())
+        return real(root)
+
+    monkeypatch.setattr(watcher, "_signatures", signatures)
+    (tmp_path / "m" / "1").mkdir(parents=True)
+
+    async def main() -> None:
+        registry = ModelRegistry(tmp_path, {}, control="explicit")
+        task = asyncio.create_task(watcher.watch_repository(registry, 0.001))
+        while len(looks) < 3:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert looks[:3] == [False, False, False]
