@@ -350,8 +350,8 @@ class DataPlane:
                         "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
                 assert served.runner is not None
-                cached = self._cache_lookup(served, request) if self.registry.cache.capacity \
-                    else None
+                cached = (self._cache_lookup(served, request)
+                          if self.registry.cache.capacity else None)
                 if cached is not None and cached.outputs is not None:
                     outputs = cached.outputs  # a hit: the model does not run
                 else:

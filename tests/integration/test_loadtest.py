@@ -5,20 +5,24 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
 
 from serval.loadtest.closed_loop import run_closed_loop
 from serval.loadtest.http_client import encode_http_request
+from tests import fixture_models
 from tests.conftest import RunningServer, free_port
+from tests.integration.http_helpers import call
 
 pytestmark = pytest.mark.integration
 
 
-def _linear_request(model: str = "linear") -> bytes:
+def _linear_request(model: str = "linear", value: float = 0.25) -> bytes:
     body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8],
-                                     "data": [0.25] * 8}]})
+                                     "data": [value] * 8}]})
     return encode_http_request("POST", f"/v2/models/{model}/infer", body,
                                {"Content-Type": "application/json"}, "127.0.0.1")
 
@@ -96,3 +100,19 @@ def test_a_polite_client_waits_retry_after_a_storm_does_not(polite: bool) -> Non
         assert 2 <= refused <= 2 * 2  # each client: at once, then after 1 s
     else:
         assert refused > 50
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_clients_share_out_the_request_list(
+        server_factory: Callable[..., RunningServer], tmp_path: Path, processes: int) -> None:
+    """Client i sends requests i, i + C, ...: no request goes out twice before the list runs
+    out. The server's response cache counts it: every request a miss, none a hit."""
+    fixture_models.linear(tmp_path, config="max_batch_size: 32\nresponse_cache: true\n")
+    server = server_factory(tmp_path, "--cache-config", "local,size=64MB")
+    requests = [_linear_request(value=index) for index in range(20_000)]
+    result = run_closed_loop("127.0.0.1", server.port, requests, concurrency=8,
+                             duration_s=0.5, warmup_s=0.1, processes=processes)
+    stats = orjson.loads(call(server.url, "GET", "/v2/models/linear/stats").body)
+    inference = stats["model_stats"][0]["inference_stats"]
+    assert result.requests > 10 and inference["cache_miss"]["count"] < len(requests)
+    assert inference["cache_hit"]["count"] == 0

@@ -124,7 +124,7 @@ def run_call(caller: ModelCaller | None, head: Head, inputs: TensorDict, label: 
 
 def send_reply(conn: Connection, call_id: int, answer: Answer,
                send_lock: threading.Lock | None = None) -> None:
-    with send_lock or threading.Lock():
+    with send_lock or contextlib.nullcontext():
         if isinstance(answer, str):
             conn.send((REPLY, (call_id, answer)))
             return

@@ -116,10 +116,7 @@ class TritonModel:
         if self._metadata.decoupled:
             return self._execute_decoupled(requests)
         pb_requests = [self._pb_request(request) for request in requests]
-        with self._lock:
-            responses = self._instance.execute(pb_requests)
-            if inspect.iscoroutine(responses):  # `async def execute` (awaits async_exec())
-                responses = asyncio.run(responses)
+        responses = self._execute(pb_requests)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = (len(responses) if isinstance(responses, list | tuple)
                    else type(responses).__name__)
@@ -138,14 +135,18 @@ class TritonModel:
                 raise BackendError(f"model '{self._name}' is decoupled: its requests need a "
                                    "response stream")
             pb_requests.append(self._pb_request(request, self._sender(request)))
-        with self._lock:
-            returned = self._instance.execute(pb_requests)
-            if inspect.iscoroutine(returned):
-                returned = asyncio.run(returned)
+        returned = self._execute(pb_requests)
         if returned is not None:
             raise BackendError(f"model '{self._name}' is decoupled: execute() must return "
                                f"None (it sends responses), it returned {type(returned).__name__}")
         return [{} for _ in requests]
+
+    def _execute(self, pb_requests: list[pb_utils.InferenceRequest]) -> Any:
+        """execute(), one batch at a time; an `async def execute` (which awaits
+        async_exec() calls) runs to its end on an event loop of its own."""
+        with self._lock:
+            returned = self._instance.execute(pb_requests)
+            return asyncio.run(returned) if inspect.iscoroutine(returned) else returned
 
     def _sender(self, request: StreamRequest) -> pb_utils.InferenceResponseSender:
         sink = request.sink

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from serval.backends import bls
 from serval.backends.triton_autocomplete import ModelConfig as ModelConfig  # pb_utils.ModelConfig
 from serval.protocol.dtypes import DATATYPES
 
@@ -168,8 +169,6 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on its model (business logic scripting); the response carries
         the outputs, or the error (never raised)."""
-        from serval.backends import bls
-
         if decoupled:
             raise TritonModelException("exec(decoupled=True) is not supported by Serval: "
                                        "call a model that answers once per request")

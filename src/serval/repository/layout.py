@@ -59,10 +59,10 @@ def scan_model(root: Path, name: str) -> ModelDirectory | None:
     return ModelDirectory(name, path, _versions(path))
 
 
-Signature = tuple[tuple[str, int, int], ...]  # (file, size, mtime ns) of each file
+VersionSignature = tuple[tuple[str, int, int], ...]  # (file, size, mtime ns) of each file
 
 
-def version_signature(model_dir: Path, version: str) -> Signature:
+def version_signature(model_dir: Path, version: str) -> VersionSignature:
     """What a loaded version was loaded from: the model folder's own files (its config, label
     files; not serving.json, which picks versions) and every file of the version folder. A
     load of a served version whose signature changed reloads it (as Triton's load_model)."""

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from serval.backends.base import Model, ModelVersionSpec, Runner
-from serval.repository.layout import Signature
+from serval.repository.layout import VersionSignature
 from serval.stats import ModelStats
 
 
@@ -35,7 +35,7 @@ class ServedModel:
     last_used_ns: int = 0
     memory_bytes: int = 0
     load_number: int = 0  # which of the registry's loads this is (response cache scopes)
-    signature: Signature | None = None  # its files when it loaded (None: loaded from elsewhere)
+    signature: VersionSignature | None = None  # its files at load (None: an override's)
     loading: asyncio.Task[None] | None = None
     auto_load: bool = False  # may load on a request (lazy control, or evicted)
     totals: ModelStats | None = None  # the registry's server-wide sums
