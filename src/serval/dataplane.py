@@ -12,7 +12,7 @@ from typing import Any
 from serval import __version__
 from serval.backends.base import ModelMetadata
 from serval.backends.validation import validate_request
-from serval.config import ModelConfig, server_default
+from serval.config import server_default
 from serval.errors import (
     InvalidInput,
     ModelNotFound,
@@ -25,16 +25,16 @@ from serval.errors import (
 from serval.observability.log_settings import LogControl
 from serval.observability.trace import Tracer, Value
 from serval.protocol.classification import classify
-from serval.protocol.dtypes import lookup
 from serval.protocol.rest_codec import json_object
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.protocol.shm_tensors import resolve_inputs, write_outputs
-from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
+from serval.protocol.types import InferRequest, InferResponse, TensorDict
+from serval.repository.config_view import triton_model_config
+from serval.repository.names import check_requested_name, not_ready_message
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
-from serval.repository.registry import ModelRegistry, check_requested_name, not_ready_message
+from serval.repository.registry import ModelRegistry
 from serval.repository.response_cache import Lookup
 from serval.repository.served import ModelState, ServedModel
-from serval.repository.triton_sequence import triton_sequence_batching
 
 log = logging.getLogger(__name__)
 
@@ -157,24 +157,8 @@ class DataPlane:
         """The model's configuration as Triton's model_configuration extension shows it."""
         async with self.registry.acquire(name, version) as served:
             metadata = require_metadata(served)
-        config = served.spec.config if served.spec else None
-        batch_dims = 1 if metadata.max_batch_size > 0 else 0
-        if config is not None and config.triton is not None:  # config.pbtxt, as it was read
-            return {**config.triton,
-                    "input": config.triton.get("input") or [
-                        _config_tensor(spec, batch_dims) for spec in metadata.inputs],
-                    "output": config.triton.get("output") or [
-                        _config_tensor(spec, batch_dims) for spec in metadata.outputs]}
-        return {
-            "name": name,
-            "platform": metadata.platform,
-            "backend": config.backend if config else "",
-            "max_batch_size": metadata.max_batch_size,
-            "input": [_config_tensor(spec, batch_dims) for spec in metadata.inputs],
-            "output": [_config_tensor(spec, batch_dims) for spec in metadata.outputs],
-            **_scheduling(config),
-            "instance_group": [{"count": config.instances if config else 1, "kind": "KIND_CPU"}],
-        }
+        return triton_model_config(name, served.spec.config if served.spec else None,
+                                   metadata)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model version with its state and reason (Triton's repository index)."""
@@ -432,17 +416,3 @@ def require_metadata(served: ServedModel) -> ModelMetadata:
     if served.model is None:
         raise ModelNotReady(not_ready_message(served))
     return served.model.metadata
-
-
-def _scheduling(config: ModelConfig | None) -> dict[str, Any]:
-    """How the model's requests are scheduled, in Triton's words: its sequence batcher, or
-    the dynamic batcher's delay."""
-    if config is not None and config.sequence_batching is not None:
-        return {"sequence_batching": triton_sequence_batching(config.sequence_batching)}
-    delay_ms = config.batching.max_queue_delay_ms if config else 0.0
-    return {"dynamic_batching": {"max_queue_delay_microseconds": int(delay_ms * 1000)}}
-
-
-def _config_tensor(spec: TensorSpec, batch_dims: int) -> dict[str, Any]:
-    return {"name": spec.name, "data_type": lookup(spec.datatype).config,
-            "dims": list(spec.shape[batch_dims:])}

@@ -12,7 +12,8 @@ import pytest
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.dataplane import DataPlane
 from serval.errors import ModelNotReady
-from serval.repository.registry import ModelControl, ModelRegistry
+from serval.repository.registry import ModelRegistry
+from serval.repository.table import ModelControl
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit

@@ -1,11 +1,11 @@
-"""Model lifecycle: which versions load (eagerly, lazily, on request), pins, LRU eviction by bytes.
+"""Model lifecycle: which versions load (eagerly, lazily, on request), reloads, pins, LRU
+eviction by bytes.
 
-Every version folder a model's policy selects has a ServedModel entry, loaded or not. Loads run
-one per version at a time (concurrent first requests await the same load) and at most
-`max_concurrent_loads` at once. Under a memory budget, idle least-recently-used versions are
-evicted to make room; a pinned or busy version never is. A version is served by the backend its
-config.yaml names, found in the backend table the registry is given (repository/backends.py).
-A load with an override (repository/overrides.py) loads every selected version afresh beside the
+The versions themselves, and which one a request reaches, are the table's
+(repository/table.py); a load is the loader's (repository/loader.py). Loads run one per version
+at a time (concurrent first requests await the same load). Under a memory budget, idle
+least-recently-used versions are evicted to make room; a pinned or busy version never is. A
+load with an override (repository/overrides.py) loads every selected version afresh beside the
 serving ones, which hand over once all are ready; it holds until an unload or a plain load.
 """
 
@@ -13,83 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
 
 from serval.backends.base import Backend
 from serval.config import PipelineStep, server_default
-from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
-from serval.repository.context import StepPath, StepRouter, VersionContext
-from serval.repository.layout import (
-    ModelDirectory,
-    scan_model,
-    scan_repository,
-    version_bytes,
-    version_signature,
-)
+from serval.errors import ConfigError, ModelNotFound, ModelNotReady
+from serval.repository.context import StepPath, StepRouter
+from serval.repository.layout import scan_model, scan_repository, version_signature
+from serval.repository.loader import Source, VersionLoader
 from serval.repository.memory import MemoryKeeper
+from serval.repository.names import UNKNOWN_MODEL, check_requested_name, not_ready_message
 from serval.repository.overrides import (
     LoadOverride,
     model_directory,
     prepare_override,
     reload_plan,
-    version_spec,
 )
 from serval.repository.response_cache import ResponseCache
 from serval.repository.served import ModelState, ServedModel
-from serval.repository.steps import StepNotReady, check_no_loop, steps_of, unready_steps
-from serval.repository.store import serving_version, verify_version
-from serval.stats import Histogram, ModelStats
+from serval.repository.steps import StepNotReady, check_no_loop, steps_of
+from serval.repository.table import DEFAULT_CONTROL, ModelControl, ModelTable
+from serval.stats import Histogram
 
 log = logging.getLogger(__name__)
 
-ModelControl = Literal["all", "lazy", "explicit"]
-_DEFAULT_CONTROL: ModelControl = server_default("model_control")
-LOAD_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                  30.0, 60.0)
-
-
-Source = tuple[ModelDirectory | None, LoadOverride | None]  # where a version loads from
-MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
-
-
-UNKNOWN_MODEL = "Request for unknown model: "  # Triton's words, which clients match on
-
-
-def not_ready_message(served: ServedModel, versioned: bool = True) -> str:
-    """Triton's words for a model (version) that is known and not ready, then why."""
-    reason = f" ({served.reason})" if served.reason else ""
-    if versioned:
-        return (f"{UNKNOWN_MODEL}'{served.name}' version {served.version} is not at ready "
-                f"state{reason}")
-    return (f"{UNKNOWN_MODEL}'{served.name}' has no available versions: version "
-            f"{served.version} is {served.state.value}{reason}")
-
-
-def _last_name(match: re.Match[str]) -> str:
-    return match.group(0).rstrip("/").rsplit("/", 1)[-1] or "/"
-
-
-def check_requested_name(name: str) -> None:
-    """InvalidInput for a name no model folder can have (too long, NUL, a path separator)."""
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidInput("a model name must be valid Unicode text (no lone surrogates)") from None
-    if size > MAX_NAME_BYTES:
-        raise InvalidInput(f"model name of {size} bytes is too long; a model name has at most "
-                           f"{MAX_NAME_BYTES} bytes (it is a folder name)")
-    if "\x00" in name or "/" in name or "\\" in name:
-        raise InvalidInput(f"model name {name!r} may not contain '/', '\\' or NUL; it is one "
-                           "folder name in the repository")
-
-
-class ModelRegistry:
+class ModelRegistry(ModelTable):
     """Owns every model version; the data plane reaches models only through acquire()."""
 
     def __init__(
@@ -97,35 +47,36 @@ class ModelRegistry:
         root: Path,
         backends: Mapping[str, Backend],
         *,
-        control: ModelControl = _DEFAULT_CONTROL,
+        control: ModelControl = DEFAULT_CONTROL,
         memory_budget_bytes: int | None = None,
         max_concurrent_loads: int = server_default("max_concurrent_loads"),
         engine_threads: int = 8,
         response_cache_bytes: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        self.root = root
-        self.control = control
+        super().__init__(root, control)
         self.memory_budget_bytes = memory_budget_bytes
-        self._backends = backends
         self._steps = StepRouter()  # the data plane's per-model path, once it routes here
         self._clock = clock
-        self._load_slots = asyncio.Semaphore(max_concurrent_loads)
         self._memory = MemoryKeeper()
-        # Every model's engine calls share this pool: concurrency is bounded by each
-        # batcher's `instances`, threads by this size, whatever the number of models.
-        self._engine_pool = ThreadPoolExecutor(engine_threads, thread_name_prefix="engine")
-        self._models: dict[str, dict[str, ServedModel]] = {}
-        self._selected: dict[str, tuple[str, ...]] = {}  # versions each policy serves
+        self.cache = ResponseCache(response_cache_bytes)  # of models that opt in
+        self._loader = VersionLoader(
+            root, backends, steps=self._steps, cache=self.cache, memory=self._memory,
+            make_room=self._make_room, max_concurrent_loads=max_concurrent_loads,
+            engine_threads=engine_threads, clock=clock)
         self._overrides: dict[str, LoadOverride] = {}  # in force until unload or plain load
         self._swaps: dict[str, asyncio.Lock] = {}  # one override load per model at a time
-        self.loads = 0
         self.evictions = 0
-        self.cache = ResponseCache(response_cache_bytes)  # of models that opt in
-        self.totals = ModelStats("_all", "")  # every version's metric counters, summed
         self.hits = 0  # requests that found their model loaded
         self.misses = 0  # requests that waited for a load
-        self.load_seconds = Histogram(LOAD_BUCKETS_S)
+
+    @property
+    def loads(self) -> int:
+        return self._loader.loads
+
+    @property
+    def load_seconds(self) -> Histogram:
+        return self._loader.load_seconds
 
     # start-up and the repository API ---------------------------------------------------------
 
@@ -244,50 +195,12 @@ class ModelRegistry:
         if override is not None:
             override.discard()
 
-    def index(self) -> list[dict[str, str]]:
-        """Every tracked version: name, version, state and reason (Triton's index format)."""
-        return [
-            {"name": s.name, "version": s.version, "state": s.state.value, "reason": s.reason}
-            for s in self.all_models()
-        ]
-
-    def public_reason(self, reason: str) -> str:
-        """A failure reason as clients may see it: paths inside the repository relative to it,
-        any other filesystem path reduced to its last name (the log keeps the full reason)."""
-        root = str(self.root).rstrip("/") + "/"
-        return _ABSOLUTE_PATH.sub(_last_name, reason.replace(root, ""))
-
     def route_steps(self, path: StepPath) -> None:
         """The per-model path a composite model (a pipeline) runs its steps through: the data
         plane's own, so a step is validated, batched and counted like a client's request."""
         self._steps.path = path
 
     # request path ----------------------------------------------------------------------------
-
-    def get(self, name: str, version: str | None = None) -> ServedModel:
-        """The model version; NotFound if unknown. None: the version an unversioned request
-        reaches (the newest ready one, else the newest loadable, else the newest), the one rule
-        the request path and the status page share."""
-        versions = self._models.get(name)
-        if not versions:
-            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
-        if not version:  # newest ready, else newest loadable (never a failed one first)
-            if len(versions) == 1:
-                only = next(iter(versions.values()))
-                if only.state is ModelState.READY:
-                    return only  # the common case, on every request
-            ready = [v for v in versions.values() if v.state is ModelState.READY]
-            loadable = [v for v in versions.values()
-                        if v.auto_load or v.state is ModelState.LOADING]
-            return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
-        served = versions.get(version)
-        if served is None:
-            if not version.isdigit() or int(version) < 1:  # Triton's words
-                raise InvalidInput(f"failed to get model version from specified version string "
-                                   f"'{version}', version should be an integral value > 0")
-            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' version {version} is not found; "
-                                f"versions: {', '.join(versions)}")
-        return served
 
     def acquire(self, name: str, version: str | None = None) -> Lease:
         """`async with registry.acquire(...) as served`: a ready model version, loaded on
@@ -305,20 +218,6 @@ class ModelRegistry:
         served.last_used_ns = self._clock()
         return served
 
-    def all_models(self) -> list[ServedModel]:
-        return [served for versions in self._models.values() for served in versions.values()]
-
-    def versions_of(self, name: str) -> list[str]:
-        return sorted(self._models.get(name, {}), key=int)
-
-    def ready_versions(self, name: str) -> list[str]:
-        return [v for v in self.versions_of(name)
-                if self._models[name][v].state is ModelState.READY]
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(s.memory_bytes for s in self.all_models() if s.state is ModelState.READY)
-
     async def drain(self) -> None:
         """Wait until every model's queue is empty and nothing runs."""
         await asyncio.gather(*(s.runner.drain() for s in self.all_models() if s.runner))
@@ -327,35 +226,11 @@ class ModelRegistry:
         """Stop every batcher and release every engine."""
         for served in self.all_models():
             await self._release(served, ModelState.UNAVAILABLE, "server stopped")
-        self._engine_pool.shutdown(wait=True)
+        self._loader.close()
         for override in self._overrides.values():
             override.discard()
 
     # loading ---------------------------------------------------------------------------------
-
-    def _track(self, directory: ModelDirectory) -> list[ServedModel]:
-        """Entries for the versions the policy serves; returns ready ones it no longer serves."""
-        name = directory.name
-        versions = self._models.setdefault(name, {})
-        try:
-            policy = directory.config().version_policy
-            pinned = serving_version(directory.path)
-            selected = (pinned,) if pinned in directory.versions else policy.select(
-                directory.versions)
-            problem = "" if directory.versions else (
-                "the model folder has no version folder (e.g. 1/)")
-        except ConfigError as exc:
-            selected, problem = directory.versions[-1:], self.public_reason(str(exc))
-            log.warning("model config is invalid", extra={"model": name, "reason": str(exc)})
-        self._selected[name] = selected
-        for version in selected or (("1",) if problem else ()):
-            served = versions.get(version)
-            if served is None or served.state is ModelState.UNAVAILABLE:
-                versions[version] = ServedModel(
-                    name, version, ModelState.UNAVAILABLE, problem or "not loaded",
-                    auto_load=not problem and self.control == "lazy", totals=self.totals)
-        return [s for v, s in versions.items() if v not in selected and s.state is
-                ModelState.READY]
 
     async def _load_versions(self, name: str) -> list[str]:
         """Load every selected version of a model that is not ready; returns failure reasons."""
@@ -385,14 +260,14 @@ class ModelRegistry:
             raise ModelNotReady(not_ready_message(served))
 
     async def _load(self, served: ServedModel, source: Source | None = None) -> None:
+        """Load from `source`, else from the folder and override the model serves under."""
         previous = served.state
         try:
             await self._load_steps(served)  # before taking a slot: a step needs its own
-            async with self._load_slots:
-                served.state, served.reason = ModelState.LOADING, "loading"
-                started_ns = time.perf_counter_ns()
-                await self._load_engine(served, source)
-                self.load_seconds.observe((time.perf_counter_ns() - started_ns) * 1e-9)
+            if source is None:
+                override = self._overrides.get(served.name)
+                source = model_directory(self.root, served.name, override), override
+            await self._loader.load(served, source)
         except ModelNotReady as exc:  # no room right now: transient, stays loadable
             served.state, served.reason = previous, exc.message
         except Exception as exc:  # clients see the reason without the repository's path
@@ -405,43 +280,6 @@ class ModelRegistry:
                                                      "reason": str(exc)})
         finally:
             served.loading = None
-
-    async def _load_engine(self, served: ServedModel, source: Source | None = None) -> None:
-        """Load from `source`, else from the folder and override the model serves under."""
-        if source is None:
-            override = self._overrides.get(served.name)
-            source = model_directory(self.root, served.name, override), override
-        directory, override = source
-        if directory is None:
-            raise ConfigError(f"{self.root / served.name}: model folder is gone")
-        signature = None if override is not None else await asyncio.to_thread(
-            version_signature, directory.path, served.version)  # first: later edits show
-        spec = version_spec(directory, served.version, override)
-        if spec.config.response_cache and not self.cache.capacity:
-            log.warning("the model enables response_cache but the server has no cache "
-                        "(--cache-config local,size=BYTES): its results are not cached",
-                        extra={"model": served.name, "version": served.version})
-        backend = self._backends.get(spec.config.backend)
-        if backend is None:
-            raise ConfigError(f"{spec.path}: backend '{spec.config.backend}' is not installed")
-        corrupted = await asyncio.to_thread(verify_version, spec.path)
-        if corrupted:
-            raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
-        await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
-        serving = await backend.serve(spec, VersionContext(served, self._engine_pool,
-                                                           self._steps))
-        served.spec, served.model, served.runner = spec, serving.model, serving.runner
-        served.signature = signature
-        served.memory_bytes = serving.model.memory_bytes()
-        served.state, served.reason = ModelState.READY, ""
-        served.last_used_ns = self._clock()
-        self.loads += 1
-        served.load_number = self.loads
-        self.cache.forget_composites()  # a pipeline may run on this version now
-        self._memory.after_load()
-        log.info("model loaded", extra={"model": served.name, "version": served.version,
-                                        "bytes": served.memory_bytes})
-        await self._make_room(0, served)
 
     # pipelines: a composite model serves only while every step's model does -----------------
 
@@ -462,10 +300,6 @@ class ModelRegistry:
                                    f"step {index} cannot serve: one of its models is not ready "
                                    "(the repository index and the log say why)") from None
 
-    def unready_steps(self, served: ServedModel) -> list[str]:
-        """Why a loaded pipeline cannot serve now ([] for any other model)."""
-        return unready_steps(served, self.get)
-
     def step_models(self, name: str) -> list[str]:
         """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's
         composing models); [] for any other model."""
@@ -480,37 +314,6 @@ class ModelRegistry:
 
     def _steps_of(self, name: str) -> list[PipelineStep]:
         return steps_of(self.root, name, self._overrides.get(name))
-
-    # readiness ----------------------------------------------------------------------------------
-
-    def not_serving(self, names: Iterable[str]) -> list[str]:
-        """Why these models do not all serve: a model whose policy selects no version, and
-        each selected version that is not READY. An evicted version reloads on demand and a
-        version loading beside a ready one (a hot swap) still serves, so neither counts; a
-        pipeline needs its steps too."""
-        problems = []
-        for name in names:
-            versions = self._models.get(name, {})
-            if versions and not self._selected.get(name):  # as Triton: nothing to serve
-                reasons = "; ".join(s.reason for s in versions.values())
-                problems.append(f"model '{name}' has no version to serve: {reasons}")
-                continue
-            serving = any(s.state is ModelState.READY for s in versions.values())
-            for version in self._selected.get(name, ()):
-                served = versions.get(version)
-                if served is None or served.state is ModelState.EVICTED or (
-                        serving and served.state is ModelState.LOADING):
-                    continue
-                if served.state is not ModelState.READY:
-                    problems.append(f"model '{name}' version {version} is "
-                                    f"{served.state.value}: {served.reason}")
-                else:
-                    problems += [f"model '{name}' {problem}"
-                                 for problem in self.unready_steps(served)]
-        return problems
-
-    def model_names(self) -> list[str]:
-        return list(self._models)
 
     # memory ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from serval.batching.responses import DEFAULT_WINDOW, stream_responses
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ModelNotReady, ServalError
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
-from serval.repository.registry import not_ready_message
+from serval.repository.names import not_ready_message
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
-"""ModelRegistry: requested names, public reasons; and over a real repository of small ONNX
-models with an injected clock: LRU eviction order, pinning, single-flight loads, eviction by
-bytes against the memory budget, and a retired version draining after a swap."""
+"""ModelRegistry over a real repository of small ONNX models with an injected clock: LRU
+eviction order, pinning, single-flight loads, eviction by bytes against the memory budget, and
+a retired version draining after a swap."""
 
 from __future__ import annotations
 
@@ -18,31 +18,14 @@ import pytest
 from serval.backends.base import LoadedModel, ModelVersionSpec
 from serval.backends.engine import EngineBackend
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.errors import InvalidInput, ModelNotReady
+from serval.errors import ModelNotReady
 from serval.repository.layout import version_bytes
-from serval.repository.registry import ModelControl, ModelRegistry, check_requested_name
+from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
+from serval.repository.table import ModelControl
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.mark.parametrize(("name", "expected"), [
-    ("m" * 256, "256 bytes is too long"), ("é" * 128, "256 bytes is too long"),
-    ("a/b", "may not contain"), ("a\\b", "may not contain"), ("a\x00b", "may not contain"),
-    ("\udcff", "valid Unicode"),
-])
-def test_names_no_folder_can_have_are_refused(name: str, expected: str) -> None:
-    with pytest.raises(InvalidInput, match=expected):
-        check_requested_name(name)
-    check_requested_name("m" * 255)
-
-
-def test_reasons_lose_the_repository_path(tmp_path: Path) -> None:
-    registry = ModelRegistry(tmp_path, {})
-    reason = registry.public_reason(
-        f"Load model from {tmp_path}/m/1/model.onnx failed; see /usr/lib/x/libfoo.so")
-    assert reason == "Load model from m/1/model.onnx failed; see libfoo.so"
 
 
 # --- lifecycle on real ONNX Runtime, under an injected clock -----------------------------------

@@ -11,8 +11,9 @@ import pytest
 
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.backends.pipeline import PipelineBackend
-from serval.repository.registry import ModelControl, ModelRegistry
+from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
+from serval.repository.table import ModelControl
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit
