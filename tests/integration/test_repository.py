@@ -229,3 +229,22 @@ def test_polling_reloads_a_model_whose_config_was_edited(server_factory: Factory
         assert time.monotonic() < deadline, "the edited config did not load in 30 s"
         time.sleep(0.05)
     assert infer(server.url, "clf", X).status == 200
+
+
+def test_polling_reloads_weights_rewritten_in_place(server_factory: Factory,
+                                                    tmp_path: Path) -> None:
+    """As Triton's poll: `cp new.onnx repo/clf/1/model.onnx` (no folder's time changes)
+    reloads the model, and the answers change."""
+    _linear_versions(tmp_path, "clf", [1], "max_batch_size: 8\n")
+    server = server_factory(tmp_path, "--poll-interval-s", "0.1")
+    before = infer(server.url, "clf", X).json()["outputs"][0]["data"]
+    replacement = fixture_models.linear(tmp_path / "_build", name="clf", seed=7)  # not a model
+    target = tmp_path / "clf" / "1" / "model.onnx"
+    with open(target, "r+b") as out:  # rewritten through the same inode, as cp does
+        out.write(replacement.read_bytes())
+        out.truncate()
+    deadline = time.monotonic() + 30
+    while infer(server.url, "clf", X).json()["outputs"][0]["data"] == before:
+        assert time.monotonic() < deadline, "the rewritten weights did not load in 30 s"
+        time.sleep(0.05)
+    assert _states(server) == {"clf/1": "READY"}

@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from serval.errors import ServalError
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
-from serval.repository.store import SERVING_FILE
-from serval.repository.triton_config import PBTXT_FILE
 
 log = logging.getLogger(__name__)
 
-Signature = tuple[tuple[tuple[str, float], ...], float, float, float]
+Signature = tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
 
 
 def model_signature(model_dir: Path) -> Signature:
-    """What a reload depends on, cheaply: version folders and their times (a file added or
-    renamed into one), serving.json, config.yaml and config.pbtxt times. registry.load then
-    reloads what changed (each served version's files compared with those it loaded)."""
-    versions = tuple(sorted((p.name, _mtime(p)) for p in model_dir.iterdir()
-                            if p.name.isdigit()))
-    return (versions, _mtime(model_dir / SERVING_FILE), _mtime(model_dir / "config.yaml"),
-            _mtime(model_dir / PBTXT_FILE))
+    """What a reload depends on, cheaply, as Triton's poll: each version folder with the
+    latest modification time of anything in it (a file added, renamed in or rewritten in
+    place), and the model folder's own files with theirs (config.yaml, config.pbtxt, labels,
+    serving.json). registry.load then reloads what changed (each served version's files
+    compared with those it loaded)."""
+    versions, files = [], []
+    with os.scandir(model_dir) as entries:
+        for entry in entries:
+            if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+                versions.append((entry.name, _latest_ns(entry)))
+            elif not entry.name.startswith(".") and entry.is_file():
+                files.append((entry.name, _mtime_ns(entry)))
+    return tuple(sorted(versions)), tuple(sorted(files))
 
 
 async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
@@ -59,8 +64,21 @@ def _signatures(root: Path) -> dict[str, Signature]:
             if p.is_dir() and not p.name.startswith((".", "_"))}
 
 
-def _mtime(path: Path) -> float:
+def _mtime_ns(entry: os.DirEntry[str]) -> int:
     try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0
+        return entry.stat().st_mtime_ns
+    except FileNotFoundError:  # gone while looking: the next look sees it gone
+        return 0
+
+
+def _latest_ns(folder: os.DirEntry[str]) -> int:
+    """The latest modification time of a folder and of everything under it."""
+    latest = _mtime_ns(folder)
+    try:
+        with os.scandir(folder.path) as entries:
+            for entry in entries:
+                latest = max(latest, _latest_ns(entry) if entry.is_dir(follow_symlinks=False)
+                             else _mtime_ns(entry))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return latest

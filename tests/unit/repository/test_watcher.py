@@ -84,3 +84,27 @@ def test_the_watcher_looks_at_the_repository_off_the_event_loop(
 
     asyncio.run(main())
     assert looks[:3] == [False, False, False]
+
+
+def test_a_file_rewritten_in_place_changes_the_signature(tmp_path: Path) -> None:
+    """As Triton's poll: `cp new.onnx repo/m/1/model.onnx` changes no folder's time."""
+    (tmp_path / "1" / "sub").mkdir(parents=True)
+    weights = tmp_path / "1" / "sub" / "weights.bin"
+    weights.write_bytes(b"abc")
+    os.utime(weights, (1_000, 1_000))
+    for folder in (tmp_path / "1" / "sub", tmp_path / "1"):
+        os.utime(folder, (1_000, 1_000))
+    before = model_signature(tmp_path)
+    weights.write_bytes(b"abd")
+    for folder in (tmp_path / "1" / "sub", tmp_path / "1"):
+        os.utime(folder, (1_000, 1_000))  # only the file's own time moved
+    assert model_signature(tmp_path) != before
+
+
+def test_a_labels_file_edited_changes_the_signature(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "labels.txt").write_text("cat\ndog\n")
+    os.utime(tmp_path / "labels.txt", (1_000, 1_000))
+    before = model_signature(tmp_path)
+    os.utime(tmp_path / "labels.txt", (2_000, 2_000))
+    assert model_signature(tmp_path) != before
