@@ -33,7 +33,7 @@ from serval.repository.config_view import triton_model_config
 from serval.repository.names import check_requested_name, not_ready_message
 from serval.repository.overrides import MAX_FILES_BYTES, prepare_override
 from serval.repository.registry import ModelRegistry
-from serval.repository.response_cache import Lookup
+from serval.repository.response_cache import Lookup, look_up
 from serval.repository.served import ModelState, ServedModel
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,7 @@ class DataPlane:
                         "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
                 assert served.runner is not None
-                cached = (self._cache_lookup(served, request)
+                cached = (await self._cache_lookup(served, request)
                           if self.registry.cache.capacity else None)
                 if cached is not None and cached.outputs is not None:
                     outputs = cached.outputs  # a hit: the model does not run
@@ -354,13 +354,14 @@ class DataPlane:
             stats.record_request("success", time.perf_counter_ns() - received_ns)
             return InferResponse(name, served.version, selected, request.id)
 
-    def _cache_lookup(self, served: ServedModel, request: InferRequest) -> Lookup | None:
+    async def _cache_lookup(self, served: ServedModel, request: InferRequest) -> Lookup | None:
         """The request's response cache lookup; None where the model has no cache."""
         spec = served.spec
         if spec is None or not spec.config.response_cache:
             return None
-        return Lookup(self.registry.cache, (served.name, served.version, served.load_number),
-                      spec.config.backend == "pipeline", request, served.stats)
+        scope = (served.name, served.version, served.load_number)
+        return await look_up(self.registry.cache, scope, spec.config.backend == "pipeline",
+                             request, served.stats)
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry

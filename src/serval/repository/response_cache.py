@@ -9,11 +9,12 @@ a miss runs it and stores the outputs (a compact, read-only copy). Entries are e
 recently used first, the sum of their bytes bounded by the cache's size; a result larger than
 the whole cache is not stored. A version's entries go when it is released (unloaded, replaced,
 evicted); a pipeline's also go whenever any model loads or is released, since its steps may
-have changed. Everything runs on the event loop: no locks.
+have changed. Everything runs on the event loop (no locks) but the hashing of large inputs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -125,17 +126,32 @@ def request_key(scope: Scope, request: InferRequest, generation: int = 0) -> byt
     return digest.digest()[:16]
 
 
+OFF_LOOP_BYTES = 1 << 20  # larger inputs are hashed on a thread (~0.6 ms of loop per MiB)
+
+
+async def look_up(cache: ResponseCache, scope: Scope, composite: bool, request: InferRequest,
+                  stats: ModelStats) -> Lookup:
+    """The request's lookup. Inputs over OFF_LOOP_BYTES are hashed on a thread (SHA-256
+    releases the GIL), so a large request does not stall every other one on the loop."""
+    started_ns = time.perf_counter_ns()
+    generation = cache.generation if composite else 0
+    if sum(array.nbytes for array in request.inputs.values()) > OFF_LOOP_BYTES:
+        key = await asyncio.to_thread(request_key, scope, request, generation)
+    else:
+        key = request_key(scope, request, generation)
+    return Lookup(cache, scope, composite, key, stats, started_ns)
+
+
 class Lookup:
     """One request's cache lookup: its key and, on a hit, the outputs (`store` after a miss)."""
 
     __slots__ = ("cache", "composite", "key", "lookup_ns", "outputs", "scope", "stats")
 
-    def __init__(self, cache: ResponseCache, scope: Scope, composite: bool,
-                 request: InferRequest, stats: ModelStats) -> None:
-        started_ns = time.perf_counter_ns()
+    def __init__(self, cache: ResponseCache, scope: Scope, composite: bool, key: bytes,
+                 stats: ModelStats, started_ns: int) -> None:
         self.cache, self.scope, self.composite, self.stats = cache, scope, composite, stats
-        self.key = request_key(scope, request, cache.generation if composite else 0)
-        stored = cache.get(self.key)
+        self.key = key
+        stored = cache.get(key)
         self.outputs = None if stored is None else dict(stored)  # the entry stays as stored
         self.lookup_ns = time.perf_counter_ns() - started_ns
         if self.outputs is not None:

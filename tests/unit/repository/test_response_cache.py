@@ -3,14 +3,19 @@ forgotten when, and the lookup counted as Triton counts it."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import numpy as np
 import pytest
 
 from serval.protocol.types import InferRequest, TensorDict
+from serval.repository import response_cache
 from serval.repository.response_cache import (
     ENTRY_OVERHEAD_BYTES,
-    Lookup,
+    OFF_LOOP_BYTES,
     ResponseCache,
+    look_up,
     request_key,
 )
 from serval.stats import ModelStats
@@ -150,7 +155,7 @@ def test_forget_drops_one_loaded_version_and_composites_move_the_generation() ->
 def _ask(cache: ResponseCache, stats: ModelStats, request: InferRequest, runs: list[int],
          scope: tuple[str, str, int] = SCOPE, composite: bool = False) -> TensorDict:
     """What the data plane does: look up; on a miss run the 'model' (x2) and store."""
-    lookup = Lookup(cache, scope, composite, request, stats)
+    lookup = asyncio.run(look_up(cache, scope, composite, request, stats))
     if lookup.outputs is not None:
         return lookup.outputs
     runs.append(1)
@@ -182,10 +187,28 @@ def test_a_pipeline_request_started_before_a_change_is_not_found_after_it() -> N
     request = _request(A=np.ones(2, np.float32))
     runs: list[int] = []
     for _ in range(2):
-        lookup = Lookup(cache, ("p", "1", 1), True, request, stats)
+        lookup = asyncio.run(look_up(cache, ("p", "1", 1), True, request, stats))
         assert lookup.outputs is None
         runs.append(1)
         cache.forget_composites()  # a step model reloads while this request runs
         lookup.store({"Y": np.zeros(2, np.float32)})
     assert len(runs) == 2 and stats.cache_hit.count == 0
-    assert Lookup(cache, ("p", "1", 1), True, request, stats).outputs is None
+    assert asyncio.run(look_up(cache, ("p", "1", 1), True, request, stats)).outputs is None
+
+
+def test_large_inputs_are_hashed_off_the_event_loop_to_the_same_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 MiB input takes ~40 ms to hash: on the loop, every other request would wait."""
+    threads: list[bool] = []
+
+    def recording_key(*args: object) -> bytes:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return request_key(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(response_cache, "request_key", recording_key)
+    cache, stats = ResponseCache(1 << 30), ModelStats("m", "1")
+    small = _request(A=np.ones(16, np.float32))
+    large = _request(A=np.ones(OFF_LOOP_BYTES // 4 + 1, np.float32))
+    keys = [asyncio.run(look_up(cache, SCOPE, False, r, stats)).key for r in (small, large)]
+    assert threads == [True, False]
+    assert keys == [_key(small), _key(large)]
