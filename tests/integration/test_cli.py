@@ -153,6 +153,8 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
          "--trace-file needs --workers 1"),
         (["serve", "-r", "/tmp", "--model-repository", "/tmp"], "not both"),
         (["serve", "--model-repository", "/tmp", "--model-control-mode", "sometimes"],
+         "--model-control-mode takes none, poll or explicit (Triton's), got 'sometimes'"),
+        (["serve", "-r", "/tmp", "--model-control", "sometimes"],
          "model_control: Input should be 'all', 'lazy' or 'explicit'"),
         (["serve", "-r", "/tmp", "--cache-config", "redis,host=localhost"],
          "--cache-config takes local,size=BYTES"),

@@ -204,7 +204,7 @@ def serve_command(
         fail("Missing option '--repository' / '-r' (the model repository folder)")
     model_control, poll_interval_s = _triton_control(
         triton_control or model_control,
-        poll_interval_s if triton_poll_s is None else triton_poll_s)
+        poll_interval_s if triton_poll_s is None else triton_poll_s, triton_control is not None)
     try:
         limits = TransportLimits(
             max_connections=max_connections, receive_budget_bytes=int(receive_budget_mb * MIB),
@@ -291,9 +291,13 @@ def _trace_settings(trace_file: Path | None, items: list[str]) -> dict[str, Any]
 TRITON_POLL_S = 15.0  # Triton's --repository-poll-secs default
 
 
-def _triton_control(mode: str, poll_interval_s: float) -> tuple[str, float]:
+def _triton_control(mode: str, poll_interval_s: float, triton_mode: bool
+                    ) -> tuple[str, float]:
     """Triton's --model-control-mode names onto Serval's: none is all; poll is all, watching
     the repository (every 15 s unless told)."""
+    if triton_mode and mode not in ("none", "poll", "explicit"):
+        raise typer.BadParameter(f"--model-control-mode takes none, poll or explicit "
+                                 f"(Triton's), got {mode!r}")
     if mode == "none":
         return "all", poll_interval_s
     if mode == "poll":
