@@ -83,7 +83,13 @@ class OnnxRuntimeConfig(_Strict):
     intra_op_threads: int | None = Field(None, ge=1)
     inter_op_threads: int | None = Field(None, ge=1)
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
-    execution_providers: list[str] | None = None
+    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    execution_providers: list[str | tuple[str, dict[str, str]]] | None = Field(
+        None, description="names, or [name, {option: value}]; unset: by device")
+    memory_arena: bool | None = None  # unset: ONNX Runtime's default (on)
+    memory_pattern: bool | None = None  # unset: ONNX Runtime's default (on)
+    session_entries: dict[str, str] = Field(default_factory=dict)  # session config keys
+    run_entries: dict[str, str] = Field(default_factory=dict)  # run config keys
     allow_spinning: bool | None = Field(
         None, description="unset: on where one batch-1 call takes >= 2 ms (measured at load)")
 

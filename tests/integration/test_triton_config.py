@@ -39,6 +39,9 @@ dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100
 instance_group [ { count: 2 kind: KIND_CPU } ]
 version_policy: { latest: { num_versions: 1 } }
 parameters { key: "origin" value: { string_value: "triton" } }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
+parameters { key: "enable_mem_pattern" value: { string_value: "0" } }
+optimization { graph { level: 1 } input_pinned_memory { enable: false } }
 """
 ENSEMBLE = """
 name: "sum_doubled"
@@ -79,6 +82,10 @@ BROKEN = {
                           "field 'sequence_batching.iterative_sequence' is not supported"),
     "priority_levels": ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 }\n',
                         "field 'dynamic_batching.priority_levels' is not supported"),
+    "openvino_accelerator": (
+        'max_batch_size: 8\noptimization { execution_accelerators { cpu_execution_accelerator '
+        '[ { name: "openvino" } ] } }\n',
+        "execution providers ['OpenVINOExecutionProvider'] are not available"),
     "wrong_datatype": ('max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '
                        'dims: [ 16 ] } ]\n', "data_type INT32 in the config, the model has FP32"),
 }

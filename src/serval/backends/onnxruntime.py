@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,7 @@ class OnnxRuntimeBackend(EngineBackend):
                             for _ in range(spec.config.instances)]
         metadata = read_metadata(sessions[0], spec.config, str(model_file))
         size_bytes = (model_file.stat().st_size + SESSION_OVERHEAD_BYTES) * len(sessions)
-        return OnnxModel(sessions, metadata, size_bytes)
+        return OnnxModel(sessions, metadata, size_bytes, spec.config.onnxruntime.run_entries)
 
     def _session(self, model_file: Any, config: ModelConfig, threads: int,
                  spinning: bool) -> Any:
@@ -92,7 +93,8 @@ class OnnxRuntimeBackend(EngineBackend):
 class OnnxModel:
     """One or more sessions of the same file; each concurrent run takes a free session."""
 
-    def __init__(self, sessions: list[Any], metadata: ModelMetadata, size_bytes: int) -> None:
+    def __init__(self, sessions: list[Any], metadata: ModelMetadata, size_bytes: int,
+                 run_entries: Mapping[str, str] | None = None) -> None:
         self._metadata = metadata
         self._size_bytes = size_bytes
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -100,7 +102,7 @@ class OnnxModel:
             self._free.put(session)
         self._output_names = [spec.name for spec in metadata.outputs]
         self._string_inputs = {s.name for s in metadata.inputs if s.datatype == "BYTES"}
-        self._run_options = quiet_run_options()
+        self._run_options = quiet_run_options(run_entries)
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -128,14 +130,16 @@ class OnnxModel:
             self._free.get_nowait()
 
 
-def quiet_run_options() -> Any:
+def quiet_run_options(entries: Mapping[str, str] | None = None) -> Any:
     """Runs whose failures ONNX Runtime does not print itself: a client sending bad token ids
     would otherwise write an ERROR line per request to stderr. Serval logs real failures (with
-    the same engine message) and answers input errors with 400."""
+    the same engine message) and answers input errors with 400. `entries`: run config keys."""
     import onnxruntime as ort
 
     options = ort.RunOptions()
     options.log_severity_level = 4  # FATAL only
+    for key, value in (entries or {}).items():
+        options.add_run_config_entry(key, value)
     return options
 
 
@@ -166,14 +170,23 @@ def session_options(config: OnnxRuntimeConfig, intra_threads: int, spinning: boo
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_threads
-    options.inter_op_num_threads = config.inter_op_threads or 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    parallel = config.execution_mode == "parallel"  # ONNX Runtime's parallel needs 2+ threads
+    options.inter_op_num_threads = config.inter_op_threads or (
+        max(2, intra_threads) if parallel else 1)
+    options.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if parallel
+                              else ort.ExecutionMode.ORT_SEQUENTIAL)
+    if config.memory_arena is not None:
+        options.enable_cpu_mem_arena = config.memory_arena
+    if config.memory_pattern is not None:
+        options.enable_mem_pattern = config.memory_pattern
     options.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, _OPT_LEVELS[config.graph_optimization_level]
     )
     spin = "1" if spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    for key, value in config.session_entries.items():  # the config's own go last: they win
+        options.add_session_config_entry(key, value)
     return options
 
 
@@ -190,10 +203,12 @@ def batch1_call_ms(session: Any) -> float:
 def execution_providers(config: ModelConfig, available: list[str]) -> list[Any]:
     """Providers for the configured device: CUDA first when asked for and present."""
     if config.onnxruntime.execution_providers:
-        missing = [p for p in config.onnxruntime.execution_providers if p not in available]
+        wanted = config.onnxruntime.execution_providers
+        missing = [name for name in (p if isinstance(p, str) else p[0] for p in wanted)
+                   if name not in available]
         if missing:
             raise ConfigError(f"execution providers {missing} are not available; have {available}")
-        return list(config.onnxruntime.execution_providers)
+        return list(wanted)
     if config.device.startswith("cuda"):
         if "CUDAExecutionProvider" not in available:
             raise ConfigError(f"device '{config.device}' asked for, but CUDA is not available")

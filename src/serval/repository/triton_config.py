@@ -16,7 +16,8 @@ timeout_action REJECT); instance_group counts -> instances (one engine session/t
 KIND_GPU -> device cuda[:N]); version_policy; model_warmup (zero_data, random_data) -> warmup;
 parameters -> parameters (string values); label_filename -> labels;
 model_transaction_policy.decoupled: the python backend's decoupled models (others refuse it);
-response_cache.enable -> response_cache (not with decoupled or sequence models).
+response_cache.enable -> response_cache (not with decoupled or sequence models); an ONNX
+model's optimization and ONNX Runtime parameters -> onnxruntime (repository/triton_onnxruntime.py).
 Any other field set, or a value Serval cannot honour, is a load error naming the field.
 """
 
@@ -36,6 +37,7 @@ from serval.errors import ConfigError
 from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.declared import SELF_DESCRIBING
+from serval.repository.triton_onnxruntime import OPTIMIZATION_SUPPORTED, onnxruntime_settings
 from serval.repository.triton_sequence import SEQUENCE_SUPPORTED, sequence_settings
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ SUPPORTED: dict[str, Any] = {
     "parameters": {"string_value": None},
     "model_transaction_policy": {"decoupled": None},
     "response_cache": {"enable": None},
+    "optimization": OPTIMIZATION_SUPPORTED,
     "ensemble_scheduling": {"step": {"model_name": None, "model_version": None,
                                      "input_map": None, "output_map": None}},
 }
@@ -132,6 +135,9 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
         settings["batching"] = _batching(config.dynamic_batching, source)
     if config.HasField("sequence_batching"):
         settings["sequence_batching"] = sequence_settings(config.sequence_batching, source)
+    if backend == "onnxruntime":
+        settings["onnxruntime"] = onnxruntime_settings(config, settings.get("device", "cpu"),
+                                                       source)
     settings["triton"] = triton_json(complete(config, model_dir.name, backend))
     try:
         return ModelConfig.model_validate({**settings, **(override or {})})
@@ -160,6 +166,9 @@ def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
         raise ConfigError(f"{source}: field 'response_cache' is not supported for decoupled "
                           "models (a request may have many responses)")
+    if config.HasField("optimization") and backend != "onnxruntime":
+        raise ConfigError(f"{source}: field 'optimization' is supported for ONNX Runtime "
+                          "models only")
     if backend not in SELF_DESCRIBING and any(
             t.HasField("reshape") for t in [*config.input, *config.output]):
         raise ConfigError(f"{source}: field 'reshape' is supported for "

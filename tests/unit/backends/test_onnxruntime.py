@@ -78,3 +78,34 @@ def test_the_probe_times_a_real_call_and_skips_string_inputs(tmp_path: Path) -> 
 
 def _never_called(session: Any) -> float:
     raise AssertionError("the batch-1 call was measured although the setting is decided")
+
+
+def test_the_configs_session_and_run_settings_reach_the_engine(tmp_path: Path) -> None:
+    """What config.pbtxt's optimization and parameters map to (triton_onnxruntime) is what
+    the session runs with; the config's own session entries win over Serval's."""
+    import numpy as np
+    import onnxruntime as ort
+
+    config = ("max_batch_size: 8\nonnxruntime: {graph_optimization_level: disable, "
+              "execution_mode: parallel, memory_arena: true, memory_pattern: false, "
+              "session_entries: {session.intra_op.allow_spinning: '1'}, "
+              "run_entries: {memory.enable_memory_arena_shrinkage: 'cpu:0'}}\n")
+    model = _load(fixture_models.linear(tmp_path), config)
+    session = model._free.get()
+    model._free.put(session)
+    options = session.get_session_options()
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+    assert (options.enable_cpu_mem_arena, options.enable_mem_pattern) == (True, False)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert model._run_options.get_run_config_entry(
+        "memory.enable_memory_arena_shrinkage") == "cpu:0"
+    outputs = model.infer({"x": np.ones((2, 8), np.float32)})
+    assert next(iter(outputs.values())).shape[0] == 2
+
+
+def test_the_memory_arena_may_be_turned_off(tmp_path: Path) -> None:
+    model = _load(fixture_models.linear(tmp_path),
+                  "max_batch_size: 8\nonnxruntime: {memory_arena: false}\n")
+    session = model._free.get()
+    assert session.get_session_options().enable_cpu_mem_arena is False
