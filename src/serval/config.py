@@ -32,18 +32,35 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class BatchingConfig(_Strict):
-    """How requests are merged into engine batches."""
+class QueuePolicy(_Strict):
+    """One queue's rules: its size bound and the timeout of requests that set none."""
 
-    max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
     max_queue_size: int = Field(
         4096, ge=1, description="requests waiting beyond this are refused with 429"
     )
-    preferred_batch_sizes: list[int] = Field(default_factory=list)
     default_timeout_ms: float = Field(
         0.0, ge=0.0, description="a request without a deadline gets this one; 0: none")
     allow_timeout_override: bool = Field(
         True, description="false: default_timeout_ms applies even to requests that set one")
+
+
+class BatchingConfig(QueuePolicy):
+    """How requests are merged into engine batches (the queue policy: every level's default)."""
+
+    max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    priority_levels: int = Field(0, ge=0, le=1000, description="1 (served first) .. N; 0: none")
+    default_priority_level: int = Field(1, ge=1, description="for requests that give none")
+    priority_queues: dict[int, QueuePolicy] = Field(default_factory=dict)  # by level
+
+    @model_validator(mode="after")
+    def _levels_exist(self) -> BatchingConfig:
+        levels = self.priority_levels
+        if levels and not self.default_priority_level <= levels:
+            raise ValueError(f"default_priority_level must be within 1..{levels}")
+        if any(not 1 <= level <= levels for level in self.priority_queues):
+            raise ValueError(f"priority_queues are keyed by a level within 1..{levels}")
+        return self
 
     @field_validator("preferred_batch_sizes")
     @classmethod

@@ -35,7 +35,8 @@ output [
   { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
   { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
 ]
-dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100
+                   priority_levels: 2 default_priority_level: 2 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 version_policy: { latest: { num_versions: 1 } }
 parameters { key: "origin" value: { string_value: "triton" } }
@@ -81,7 +82,7 @@ BROKEN = {
     "unsupported_field": ('max_batch_size: 8\nsequence_batching { iterative_sequence: true }\n',
                           "field 'sequence_batching.iterative_sequence' is not supported"),
     "priority_levels": ('max_batch_size: 8\ndynamic_batching { priority_levels: 2 }\n',
-                        "field 'dynamic_batching.priority_levels' is not supported"),
+                        "field 'dynamic_batching.default_priority_level' must be within 1..2"),
     "openvino_accelerator": (
         'max_batch_size: 8\noptimization { execution_accelerators { cpu_execution_accelerator '
         '[ { name: "openvino" } ] } }\n',
@@ -153,6 +154,9 @@ def test_max_batch_size_is_served_and_enforced(triton_server: RunningServer,
     inputs, a, b = _inputs(module, 8)
     result = client.infer("simple", inputs)  # type: ignore[attr-defined]
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    for priority in (1, 7):  # a priority level, and one out of range (the default level)
+        result = client.infer("simple", inputs, priority=priority)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     inputs, _, _ = _inputs(module, 9)
     with pytest.raises(InferenceServerException) as refused:
         client.infer("simple", inputs)  # type: ignore[attr-defined]

@@ -7,12 +7,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.policy import (
     PendingRequest,
+    RequestQueue,
     ServiceTimes,
     batch_limit,
     batch_ns,
@@ -25,6 +26,7 @@ from serval.batching.policy import (
     signature_of,
     take_batch,
 )
+from serval.batching.priority import LeveledQueue, QueueRule, level_rules, priority_level
 from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
     BackendError,
@@ -59,6 +61,10 @@ class Batcher:
 
     An engine that takes requests (backends.base.RequestModel, e.g. a Triton Python model)
     gets the batch as its list of requests, unmerged, and answers each one on its own.
+
+    With `priority_levels` (batching/priority.py) requests wait by level, each level under
+    its own rule (`priority_rules`, else the default: max_queue_size, default_timeout_ms,
+    allow_timeout_override), and batches take earlier levels first.
     """
 
     def __init__(
@@ -72,6 +78,9 @@ class Batcher:
         preferred_batch_sizes: tuple[int, ...] = (),
         default_timeout_ms: float = 0.0,
         allow_timeout_override: bool = True,
+        priority_levels: int = 0,
+        default_priority_level: int = 1,
+        priority_rules: Mapping[int, QueueRule] | None = None,
         executor: ThreadPoolExecutor | None = None,
         clock: Clock = time.perf_counter_ns,
     ) -> None:
@@ -83,11 +92,13 @@ class Batcher:
         self._batching = max_batch > 0
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
-        self._max_queue_size = max_queue_size
         self._preferred = tuple(sorted(set(preferred_batch_sizes)))
-        self._default_timeout_ns = int(default_timeout_ms * 1_000_000)
-        self._allow_timeout_override = allow_timeout_override
-        self._queue: deque[PendingRequest] = deque()
+        default_rule = QueueRule(max_queue_size, int(default_timeout_ms * 1_000_000),
+                                 allow_timeout_override)
+        self._levels, self._default_level = priority_levels, default_priority_level
+        self._rules = level_rules(priority_levels, default_rule, priority_rules or {})
+        self._leveled = LeveledQueue(priority_levels) if priority_levels else None
+        self._queue: RequestQueue = self._leveled if self._leveled is not None else deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
@@ -121,32 +132,41 @@ class Batcher:
         that takes requests sees of the client's request (None: the inputs alone)."""
         if self._closed:
             raise ServerUnavailable("the model is being unloaded")
-        if self._default_timeout_ns and (deadline_ns is None
-                                         or not self._allow_timeout_override):
-            deadline_ns = self._clock() + self._default_timeout_ns
-        self.check_capacity(deadline_ns)
+        level = 1 if not self._levels else priority_level(
+            request.parameters.get("priority") if request else None, self._levels,
+            self._default_level)
+        rule = self._rules[level - 1]
+        if rule.default_timeout_ns and (deadline_ns is None or not rule.allow_override):
+            deadline_ns = self._clock() + rule.default_timeout_ns
+        self.check_capacity(deadline_ns, level)
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         pending = PendingRequest(
-            inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns, request
-        )
+            inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns, request,
+            level)
         self._queue.append(pending)
         self._queued_rows += rows
         self._idle.clear()
         self._wakeup.set()
         return await future
 
-    def check_capacity(self, deadline_ns: int | None = None) -> None:
-        """Overloaded (429) when the queue holds max_queue_size requests, or when a request
-        due by `deadline_ns` (this batcher's clock) could not be answered in time given the
-        queue ahead of it and the measured batch times (see policy.expected_wait_ns)."""
-        if self._max_queue_size is not None and len(self._queue) >= self._max_queue_size:
-            raise Overloaded(f"model '{self._stats.name}' has {len(self._queue)} requests "
-                             "queued, its max_queue_size; retry shortly")
+    def check_capacity(self, deadline_ns: int | None = None, level: int | None = None) -> None:
+        """Overloaded (429) when the request's level holds max_queue_size requests, or when a
+        request due by `deadline_ns` (this batcher's clock) could not be answered in time given
+        the queue ahead of it and the measured batch times (see policy.expected_wait_ns).
+        `level` None: not known yet (before decoding), judged as the first level's, and
+        with priority levels no size bound is checked."""
+        waiting = len(self._queue) if self._leveled is None else self._leveled.waiting(
+            level or 1)
+        limit = self._rules[(level or 1) - 1].max_size
+        if limit is not None and waiting >= limit and (level or self._leveled is None):
+            raise Overloaded(f"model '{self._stats.name}' has {waiting} requests queued"
+                             f"{f' at priority {level}' if self._levels else ''}, its "
+                             "max_queue_size; retry shortly")
         if deadline_ns is None:
             return
         now_ns = self._clock()
-        wait_ns = self.expected_wait_ns(now_ns)
+        wait_ns = self.expected_wait_ns(now_ns, level=level or 1)
         retry_after_s = refusal_retry_after_s(now_ns, deadline_ns, wait_ns, ADMISSION_HEADROOM)
         if retry_after_s:
             raise Overloaded(
@@ -155,16 +175,17 @@ class Batcher:
                 f"{(wait_ns or 0) / 1e6:.0f} ms; retry in {retry_after_s:.1f} s",
                 retry_after_s)
 
-    def expected_wait_ns(self, now_ns: int, rows: int = 1) -> float | None:
-        """How long a request of `rows` queued now should wait for its answer (None: no
-        batch measured yet)."""
+    def expected_wait_ns(self, now_ns: int, rows: int = 1, level: int = 1) -> float | None:
+        """How long a request of `rows` (at priority `level`) queued now should wait for its
+        answer (None: no batch measured yet)."""
         running_left = 0.0
         for entry in self._in_progress:
             if entry is not None:
                 free_ns, expected_ns = entry
                 running_left += max(0.0, expected_ns - (now_ns - free_ns))
-        return expected_wait_ns(self._times, self._queued_rows, rows, self._max_rows,
-                                self._instances, running_left)
+        ahead = self._queued_rows if self._leveled is None else self._leveled.rows_through(level)
+        return expected_wait_ns(self._times, ahead, rows, self._max_rows, self._instances,
+                                running_left)
 
     async def drain(self) -> None:
         """Wait until every queued and running request has its answer."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from serval.protocol.types import InferRequest, TensorDict
 
@@ -22,6 +23,17 @@ class PendingRequest:
     enqueued_ns: int
     deadline_ns: int | None = None
     request: InferRequest | None = None  # the client's request (engines that take requests)
+    level: int = 1  # its priority level (batching/priority.py), 1 without levels
+
+
+class RequestQueue(Protocol):
+    """What batch formation needs of a queue: a deque, or priority.LeveledQueue."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> PendingRequest: ...
+    def append(self, request: PendingRequest, /) -> None: ...
+    def popleft(self) -> PendingRequest: ...
+    def extendleft(self, requests: Iterable[PendingRequest], /) -> None: ...
 
 
 def signature_of(inputs: TensorDict) -> Signature:
@@ -30,7 +42,7 @@ def signature_of(inputs: TensorDict) -> Signature:
 
 
 def dispatch_delay_ns(
-    queue: deque[PendingRequest], queued_rows: int, max_batch_rows: int, max_delay_ns: int,
+    queue: RequestQueue, queued_rows: int, max_batch_rows: int, max_delay_ns: int,
     now_ns: int, preferred: tuple[int, ...] = (),
 ) -> int:
     """0 to run a batch now, else how long to wait for more requests (queue non-empty).
@@ -53,7 +65,7 @@ def batch_limit(queued_rows: int, max_batch_rows: int, preferred: tuple[int, ...
     return max(reachable) if reachable else max_batch_rows
 
 
-def take_batch(queue: deque[PendingRequest], max_batch_rows: int) -> list[PendingRequest]:
+def take_batch(queue: RequestQueue, max_batch_rows: int) -> list[PendingRequest]:
     """Remove and return the head request plus later ones of its signature that fit.
 
     Requests of another signature keep their place in the queue; an empty batch

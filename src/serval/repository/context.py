@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
+from serval.batching.priority import QueueRule
 from serval.errors import ConfigError, InvalidInput, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
 from serval.repository.declared import as_declared
@@ -74,6 +75,12 @@ class VersionContext:
             preferred_batch_sizes=tuple(batching.preferred_batch_sizes),
             default_timeout_ms=batching.default_timeout_ms,
             allow_timeout_override=batching.allow_timeout_override,
+            priority_levels=batching.priority_levels,
+            default_priority_level=batching.default_priority_level,
+            priority_rules={level: QueueRule(rule.max_queue_size,
+                                             int(rule.default_timeout_ms * 1_000_000),
+                                             rule.allow_timeout_override)
+                            for level, rule in batching.priority_queues.items()},
             executor=self._executor,
         ))
 

@@ -56,6 +56,8 @@ _MODEL_FILES = {"onnxruntime": ("model.onnx",), "pytorch": ("model.pt", "model.p
                 "python": ("model.py",), "openvino": ("model.xml", "model.onnx")}
 _TENSOR = {"name": None, "data_type": None, "dims": None, "format": None,
            "reshape": {"shape": None}}
+_QUEUE_POLICY = {"timeout_action": None, "default_timeout_microseconds": None,
+                 "allow_timeout_override": None, "max_queue_size": None}
 # The fields Serval honours, nested as the schema nests them (None: a leaf).
 SUPPORTED: dict[str, Any] = {
     "name": None, "platform": None, "backend": None, "max_batch_size": None,
@@ -66,8 +68,8 @@ SUPPORTED: dict[str, Any] = {
                        "specific": {"versions": None}},
     "dynamic_batching": {
         "preferred_batch_size": None, "max_queue_delay_microseconds": None,
-        "default_queue_policy": {"timeout_action": None, "default_timeout_microseconds": None,
-                                 "allow_timeout_override": None, "max_queue_size": None}},
+        "default_queue_policy": _QUEUE_POLICY, "priority_levels": None,
+        "default_priority_level": None, "priority_queue_policy": _QUEUE_POLICY},
     "instance_group": {"name": None, "kind": None, "count": None, "gpus": None},
     "model_warmup": {"name": None, "batch_size": None, "count": None,
                      "inputs": {"data_type": None, "dims": None, "zero_data": None,
@@ -295,20 +297,38 @@ def _instances(config: mc.ModelConfig, source: str) -> dict[str, Any]:
 
 
 def _batching(batching: mc.ModelDynamicBatching, source: str) -> dict[str, Any]:
-    queue = batching.default_queue_policy
-    if queue.timeout_action != mc.ModelQueuePolicy.REJECT:
-        raise ConfigError(f"{source}: field 'dynamic_batching.default_queue_policy."
-                          "timeout_action' DELAY is not supported by Serval (a request past "
-                          "its timeout is refused)")
     settings: dict[str, Any] = {
         "preferred_batch_sizes": list(batching.preferred_batch_size),
         "max_queue_delay_ms": batching.max_queue_delay_microseconds / 1000,
-        "default_timeout_ms": queue.default_timeout_microseconds / 1000,
+        **_queue_policy(batching.default_queue_policy, "default_queue_policy", source),
     }
-    if batching.HasField("default_queue_policy"):
-        settings["allow_timeout_override"] = queue.allow_timeout_override
-        if queue.max_queue_size > 0:
-            settings["max_queue_size"] = queue.max_queue_size
+    if not batching.HasField("default_queue_policy"):
+        del settings["allow_timeout_override"]  # Serval's default: a request's own holds
+    if batching.priority_levels:
+        settings["priority_levels"] = batching.priority_levels
+        settings["default_priority_level"] = batching.default_priority_level
+        if not 1 <= batching.default_priority_level <= batching.priority_levels:
+            raise ConfigError(f"{source}: field 'dynamic_batching.default_priority_level' "
+                              f"must be within 1..{batching.priority_levels} (the "
+                              "priority_levels)")
+        settings["priority_queues"] = {
+            level: _queue_policy(policy, f"priority_queue_policy[{level}]", source)
+            for level, policy in batching.priority_queue_policy.items()}
+    elif batching.priority_queue_policy:
+        raise ConfigError(f"{source}: field 'dynamic_batching.priority_queue_policy' needs "
+                          "priority_levels")
+    return settings
+
+
+def _queue_policy(queue: mc.ModelQueuePolicy, where: str, source: str) -> dict[str, Any]:
+    """A queue policy (Triton's default allows the timeout override and bounds nothing)."""
+    if queue.timeout_action != mc.ModelQueuePolicy.REJECT:
+        raise ConfigError(f"{source}: field 'dynamic_batching.{where}.timeout_action' DELAY "
+                          "is not supported by Serval (a request past its timeout is refused)")
+    settings: dict[str, Any] = {"default_timeout_ms": queue.default_timeout_microseconds / 1000,
+                                "allow_timeout_override": queue.allow_timeout_override}
+    if queue.max_queue_size > 0:
+        settings["max_queue_size"] = queue.max_queue_size
     return settings
 
 

@@ -16,6 +16,7 @@ from serval.backends.base import LoadedModel, ModelMetadata, ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.backends.python import PythonBackend
 from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
+from serval.batching.priority import QueueRule
 from serval.config import load_model_config
 from serval.errors import (
     BackendError,
@@ -491,3 +492,47 @@ def test_a_model_default_timeout_gives_requests_a_deadline(tmp_path: Path) -> No
     assert asyncio.run(late(True, None))
     assert not asyncio.run(late(True, 10**12))
     assert asyncio.run(late(False, 10**12))
+
+
+def test_priority_levels_run_earlier_levels_first_each_under_its_own_bound(
+        tmp_path: Path) -> None:
+    """Behind a busy engine: requests of priority 2, none (the default, 2) and 1 queue, then
+    1 (refused: level 1 holds one waiting request, its own policy), 9 (out of range: the
+    default level, its third) and 2 (refused: the default policy's three). Batches of two
+    rows take the priority 1 request first, then level 2 in arrival order."""
+    fixture_models.linear(tmp_path, name="linear", config="max_batch_size: 2\n")
+    config = load_model_config(tmp_path / "linear" / "config.yaml")
+    spec = ModelVersionSpec("linear", "1", tmp_path / "linear" / "1", config)
+    model = Gated(OnnxRuntimeBackend(cores=1).load(spec))
+    stats = ModelStats("linear", "1")
+
+    def call(batcher: Batcher, seed: int, priority: int | None) -> asyncio.Task[TensorDict]:
+        inputs = {"x": features(seed)}
+        parameters = {} if priority is None else {"priority": priority}
+        request = InferRequest(inputs, parameters=parameters)
+        return asyncio.create_task(batcher.infer(inputs, request=request))
+
+    async def main() -> list[BaseException | TensorDict]:
+        batcher = Batcher(model, stats, max_queue_size=3, priority_levels=2,
+                          default_priority_level=2, priority_rules={1: QueueRule(1)})
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(0)}))
+            await model.busy()
+            calls = [call(batcher, seed, priority)
+                     for seed, priority in ((1, 2), (2, None), (3, 1), (4, 1), (5, 9), (6, 2))]
+            await asyncio.sleep(0)
+            model.open()
+            return [await first, *await asyncio.gather(*calls, return_exceptions=True)]
+        finally:
+            await batcher.close()
+
+    answers = asyncio.run(main())
+    refused = {seed: answer for seed, answer in enumerate(answers)
+               if isinstance(answer, BaseException)}
+    assert sorted(refused) == [4, 6]
+    assert all(isinstance(error, Overloaded) for error in refused.values())
+    assert "at priority 1" in str(refused[4]) and "at priority 2" in str(refused[6])
+    seen = [[float(row[0]) for row in batch["x"]] for batch in model.batches]
+    assert seen == [[float(features(seed)[0, 0]) for seed in batch]
+                    for batch in ([0], [3, 1], [2, 5])]
