@@ -143,7 +143,14 @@ class WarmupInput(_Strict):
 
     datatype: DatatypeName
     dims: list[int] = Field(default_factory=list)
-    data: Literal["zero", "random"] = "zero"
+    data: Literal["zero", "random", "file"] = "zero"
+    file: str | None = Field(None, description="data: file; a file in the model's warmup/")
+
+    @model_validator(mode="after")
+    def _file_with_file_data(self) -> WarmupInput:
+        if (self.data == "file") != (self.file is not None):
+            raise ValueError("data: file goes with file: NAME (a file in the model's warmup/)")
+        return self
 
 
 class WarmupSample(_Strict):

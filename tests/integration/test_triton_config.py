@@ -69,6 +69,13 @@ NO_WARMUP = 'backend: "onnxruntime"\nmax_batch_size: 8\n'
 WITH_WARMUP = NO_WARMUP + """model_warmup [ { name: "empty strings" batch_size: 1
   inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } } ]
 """
+FROM_FILE = """
+max_batch_size: 8
+model_warmup [ { name: "from files" batch_size: 4
+  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "in0" } }
+  inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "in1" } }
+} ]
+"""
 RESHAPED = """
 max_batch_size: 8
 input [
@@ -115,7 +122,18 @@ def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fixture_models.triton_config(root, "parse_int", NO_WARMUP)
     fixture_models.add_sub(root, "reshaped")
     fixture_models.triton_config(root, "reshaped", RESHAPED)
+    _warm_from_files(root, "warm_from_file", 16 * 4)
     return root
+
+
+def _warm_from_files(root: Path, name: str, size: int) -> None:
+    """An add_sub model warmed up from raw data files of `size` bytes each."""
+    fixture_models.add_sub(root, name)
+    fixture_models.triton_config(root, name, FROM_FILE)
+    (root / name / "warmup").mkdir()
+    for index in (0, 1):
+        (root / name / "warmup" / f"in{index}").write_bytes(
+            np.full(size // 4, index + 1, np.float32).tobytes())
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +241,7 @@ def explicit_server(server_factory: Callable[..., RunningServer],
         fixture_models.triton_config(root, name, pbtxt)
     fixture_models.parse_int(root, "warm_up_fails")
     fixture_models.triton_config(root, "warm_up_fails", WITH_WARMUP)
+    _warm_from_files(root, "warm_file_short", 15 * 4)
     return server_factory(root, "--model-control", "explicit")
 
 
@@ -245,6 +264,18 @@ def test_a_configured_warm_up_runs_and_its_failure_refuses_the_load(
     with pytest.raises(InferenceServerException) as failed:
         client.load_model("warm_up_fails")
     assert "model_warmup 'empty strings' failed" in str(failed.value)
+
+
+def test_a_warm_up_from_data_files_runs_and_a_short_file_refuses_the_load(
+        triton_server: RunningServer, explicit_server: RunningServer) -> None:
+    client = httpclient.InferenceServerClient(triton_server.url)
+    assert client.is_model_ready("warm_from_file")
+    statistics = client.get_inference_statistics("warm_from_file")["model_stats"][0]
+    assert statistics["inference_count"] == 0  # warm-up runs are not counted, as Triton
+    with pytest.raises(InferenceServerException) as failed:
+        httpclient.InferenceServerClient(explicit_server.url).load_model("warm_file_short")
+    assert ("model_warmup 'from files' input 'INPUT0': FP32 shape [16] needs 64 bytes, "
+            "input_data_file 'in0' has 60") in str(failed.value)
 
 
 def test_declared_dims_are_served_and_reshaped_for_the_engine(

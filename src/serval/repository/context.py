@@ -61,7 +61,8 @@ class VersionContext:
             raise
         if spec.config.warmup:
             try:
-                await asyncio.to_thread(run_warmup, model, spec.config.warmup)
+                await asyncio.to_thread(run_warmup, model, spec.config.warmup,
+                                        spec.path.parent)
             except ConfigError:
                 model.unload()
                 raise

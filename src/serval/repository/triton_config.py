@@ -10,10 +10,13 @@ openvino; ensemble -> a pipeline whose steps are ensemble_scheduling.step); max_
 reshape, an input's optional: python models; checked against the model file and served as
 declared: repository/declared.py);
 sequence_batching -> sequence_batching (repository/triton_sequence.py);
-dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds,
+dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds, priority
+levels; preserve_ordering holds already: each request has its own answer, and a stream's
+answers of a model that is not decoupled go out in request order;
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
 timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
-KIND_GPU -> device cuda[:N]); version_policy; model_warmup (zero_data, random_data) -> warmup;
+KIND_GPU -> device cuda[:N]; a rate_limiter is not applied, as Triton without --rate-limit);
+version_policy; model_warmup (zero_data, random_data, input_data_file) -> warmup;
 parameters -> parameters (string values); label_filename -> labels;
 model_transaction_policy.decoupled: the python backend's decoupled models (others refuse it);
 response_cache.enable -> response_cache (not with decoupled or sequence models); an ONNX
@@ -68,12 +71,14 @@ SUPPORTED: dict[str, Any] = {
                        "specific": {"versions": None}},
     "dynamic_batching": {
         "preferred_batch_size": None, "max_queue_delay_microseconds": None,
-        "default_queue_policy": _QUEUE_POLICY, "priority_levels": None,
+        "default_queue_policy": _QUEUE_POLICY, "priority_levels": None, "preserve_ordering": None,
         "default_priority_level": None, "priority_queue_policy": _QUEUE_POLICY},
-    "instance_group": {"name": None, "kind": None, "count": None, "gpus": None},
+    "instance_group": {"name": None, "kind": None, "count": None, "gpus": None,
+                       "rate_limiter": {"resources": {"name": None, "global": None,
+                                                      "count": None}, "priority": None}},
     "model_warmup": {"name": None, "batch_size": None, "count": None,
                      "inputs": {"data_type": None, "dims": None, "zero_data": None,
-                                "random_data": None}},
+                                "random_data": None, "input_data_file": None}},
     "sequence_batching": SEQUENCE_SUPPORTED,
     "parameters": {"string_value": None},
     "model_transaction_policy": {"decoupled": None},
@@ -165,6 +170,9 @@ def check_fields(config: mc.ModelConfig, name: str, source: str) -> str:
                                                        or config.model_warmup):
         raise ConfigError(f"{source}: field 'model_transaction_policy.decoupled' is supported "
                           "for python models without model_warmup only")
+    if config.model_transaction_policy.decoupled and config.dynamic_batching.preserve_ordering:
+        raise ConfigError(f"{source}: field 'dynamic_batching.preserve_ordering' is not "
+                          "supported for decoupled models (their responses go out as sent)")
     if config.model_transaction_policy.decoupled and config.response_cache.enable:
         raise ConfigError(f"{source}: field 'response_cache' is not supported for decoupled "
                           "models (a request may have many responses)")
@@ -260,9 +268,12 @@ def _warmup(sample: mc.ModelWarmup, source: str) -> dict[str, Any]:
         where = f"model_warmup '{sample.name}' input '{name}'"
         data = spec.WhichOneof("input_data_type")
         if data is None:
-            raise ConfigError(f"{source}: {where}: give zero_data or random_data")
+            raise ConfigError(f"{source}: {where}: give zero_data, random_data or "
+                              "input_data_file")
         inputs[name] = {"datatype": _datatype(spec.data_type, where, source),
                         "dims": list(spec.dims), "data": data.removesuffix("_data")}
+        if data == "input_data_file":
+            inputs[name].update(data="file", file=spec.input_data_file)
     return {"name": sample.name or "warmup", "batch_size": max(1, sample.batch_size),
             "count": max(1, sample.count), "inputs": inputs}
 
@@ -278,6 +289,9 @@ def _instances(config: mc.ModelConfig, source: str) -> dict[str, Any]:
     if not config.instance_group:
         return {}
     devices = set()
+    if any(group.HasField("rate_limiter") for group in config.instance_group):
+        log.warning("%s: instance_group.rate_limiter is not applied: Serval runs as Triton "
+                    "does without --rate-limit (each instance runs when it is free)", source)
     for group in config.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             if len(group.gpus) > 1:

@@ -1,16 +1,20 @@
 """Warm-up requests, run only when a model's config asks for them (model_warmup in config.pbtxt,
-`warmup` in config.yaml), as Triton does: zeros (empty strings) or random values of the given
-shape. Serval needs no warm-up of its own: batch times are measured from served batches."""
+`warmup` in config.yaml), as Triton does: zeros (empty strings), random values of the given
+shape, or one sample's raw data from a file in the model's `warmup/` folder (Triton's
+input_data_file: row-major little-endian values, BYTES as 4-byte length + bytes), repeated over
+the batch. Serval needs no warm-up of its own: batch times are measured from served batches."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from serval.backends.base import LoadedModel
-from serval.config import WarmupSample
-from serval.errors import ConfigError
+from serval.config import WarmupInput, WarmupSample
+from serval.errors import ConfigError, InvalidInput
+from serval.protocol.bytes_tensor import tensor_from_raw
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
 
@@ -24,8 +28,12 @@ class WarmupRequest:
     inputs: TensorDict
 
 
-def warmup_requests(samples: list[WarmupSample], batching: bool, seed: int = 0
-                    ) -> list[WarmupRequest]:
+WARMUP_FOLDER = "warmup"
+MAX_FILE_BYTES = 1 << 30  # one warm-up input's data file
+
+
+def warmup_requests(samples: list[WarmupSample], batching: bool, model_dir: Path,
+                    seed: int = 0) -> list[WarmupRequest]:
     """The requests `samples` describe; a batch axis of batch_size leads when batching."""
     rng = np.random.default_rng(seed)
     requests = []
@@ -33,14 +41,20 @@ def warmup_requests(samples: list[WarmupSample], batching: bool, seed: int = 0
         inputs: TensorDict = {}
         for name, spec in sample.inputs.items():
             shape = ((sample.batch_size,) if batching else ()) + tuple(spec.dims)
-            inputs[name] = _array(spec.datatype, shape, spec.data == "random", rng)
+            if spec.data == "file":
+                where = f"model_warmup '{sample.name}' input '{name}'"
+                one = _from_file(model_dir, spec, where)
+                inputs[name] = np.repeat(one[None], sample.batch_size, 0) if batching else one
+            else:
+                inputs[name] = _array(spec.datatype, shape, spec.data == "random", rng)
         requests.append(WarmupRequest(sample.name, sample.count, inputs))
     return requests
 
 
-def run_warmup(model: LoadedModel, samples: list[WarmupSample]) -> None:
-    """Run each configured request its count of times; ConfigError naming the one that fails."""
-    for request in warmup_requests(samples, model.metadata.max_batch_size > 0):
+def run_warmup(model: LoadedModel, samples: list[WarmupSample], model_dir: Path) -> None:
+    """Run each configured request its count of times; ConfigError naming the one that fails
+    (or whose data file is missing or of the wrong size)."""
+    for request in warmup_requests(samples, model.metadata.max_batch_size > 0, model_dir):
         for _ in range(request.count):
             try:
                 model.infer(request.inputs)
@@ -65,3 +79,23 @@ def _array(datatype: str, shape: tuple[int, ...], random: bool,
     if dtype.kind == "b":
         return rng.integers(0, 2, shape).astype(dtype)
     return rng.integers(0, 100, shape).astype(dtype)
+
+
+def _from_file(model_dir: Path, spec: WarmupInput, where: str) -> np.ndarray:
+    """One sample of an input, read from its data file (never from outside warmup/)."""
+    folder = (model_dir / WARMUP_FOLDER).resolve()
+    path = (folder / (spec.file or "")).resolve()
+    if folder not in path.parents or not path.is_file():
+        raise ConfigError(f"{where}: input_data_file '{spec.file}': no such file in the "
+                          f"model's {WARMUP_FOLDER}/ folder")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(f"{where}: input_data_file '{spec.file}' has {size} bytes; at most "
+                          f"{MAX_FILE_BYTES} are read")
+    data = path.read_bytes()
+    try:
+        return tensor_from_raw(data, 0, len(data), spec.datatype, tuple(spec.dims), "x",
+                               size_source=f"input_data_file '{spec.file}' has")
+    except InvalidInput as exc:  # "input 'x': what is wrong"
+        raise ConfigError(f"{where}: {exc.message.split(': ', 1)[1]} (one sample of dims "
+                          f"{spec.dims}, from input_data_file '{spec.file}')") from None

@@ -38,7 +38,9 @@ dynamic_batching {
 instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 kind: KIND_CPU } ]
 version_policy: { all: { } }
 model_warmup [ { name: "w" batch_size: 2 count: 3
-  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } } } ]
+  inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } }
+  inputs { key: "INPUT1" value: { data_type: TYPE_FP32 dims: [ 16 ] input_data_file: "in1" } }
+} ]
 parameters { key: "k" value: { string_value: "v" } }
 response_cache { enable: true }
 """
@@ -71,6 +73,17 @@ def test_every_supported_field_maps_onto_serval_settings(tmp_path: Path) -> None
     [warmup] = config.warmup
     assert (warmup.name, warmup.batch_size, warmup.count) == ("w", 2, 3)
     assert warmup.inputs["INPUT0"].data == "random" and warmup.inputs["INPUT0"].dims == [16]
+    assert (warmup.inputs["INPUT1"].data, warmup.inputs["INPUT1"].file) == ("file", "in1")
+
+
+def test_a_rate_limiter_loads_unapplied_as_triton_without_rate_limit(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        config = _map("instance_group [ { count: 2 rate_limiter { resources [ { name: 'R' "
+                      "count: 1 } ] priority: 2 } } ] dynamic_batching { preserve_ordering: "
+                      "true }", tmp_path)
+    assert config.instances == 2
+    assert "instance_group.rate_limiter is not applied" in caplog.text
 
 
 def test_priority_levels_and_their_queue_policies_map(tmp_path: Path) -> None:
@@ -148,10 +161,11 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
     ("input [ { name: 'x' data_type: TYPE_BF16 dims: [1] } ]", "TYPE_BF16"),
     ("instance_group [ { count: 1 kind: KIND_MODEL } ]", "KIND_MODEL"),
     ("instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU } ]", "one device"),
-    ("instance_group [ { count: 1 rate_limiter { priority: 2 } } ]",
-     "field 'instance_group.rate_limiter'"),
-    ('model_warmup [ { name: "w" inputs { key: "x" value: { data_type: TYPE_FP32 '
-     'input_data_file: "f" } } } ]', "field 'model_warmup.inputs.input_data_file'"),
+    ("backend: 'python' model_transaction_policy { decoupled: true } "
+     "dynamic_batching { preserve_ordering: true }",
+     "'dynamic_batching.preserve_ordering' is not supported for decoupled models"),
+    ('model_warmup [ { name: "w" inputs { key: "x" value: { data_type: TYPE_FP32 } } } ]',
+     "give zero_data, random_data or input_data_file"),
     ('platform: "tensorrt_plan"', "field 'platform' 'tensorrt_plan'"),
     ('backend: "tensorflow"', "field 'backend' 'tensorflow'"),
     ('platform: "ensemble" backend: "python"', "disagree"),
