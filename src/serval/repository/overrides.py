@@ -124,6 +124,7 @@ def prepare_override(name: str, config: dict[str, Any] | None, files: Mapping[st
                            "'file:' parameters (as in Triton: the files replace the model's "
                            "folder, so the config must be given)")
     settings, triton = config_form(name, config)
+    check_no_server_files(name, settings, triton)
     folder = write_files(name, check_files(name, files, max_bytes)) if files else None
     return LoadOverride(settings, triton, folder)
 
@@ -150,6 +151,35 @@ def config_form(name: str, config: dict[str, Any]
     except ConfigError as exc:
         raise InvalidInput(f"failed to load '{name}': {exc} (give Triton's JSON form of a "
                            "model config, or config.yaml settings)") from None
+
+
+_FILE_WORDS = ("path", "file", "lib", "table_name", "prefix")  # option keys that name files
+
+
+def check_no_server_files(name: str, settings: dict[str, object] | None,
+                          triton: mc.ModelConfig | None) -> None:
+    """InvalidInput for engine settings that would make the server read or write files it
+    names (engine caches, plugin libraries, dumps): a network client may not choose them, as
+    it may not choose the log file; they belong in the model's config in the repository."""
+    named: list[str] = []
+    engine = settings.get("onnxruntime") if settings else None
+    if isinstance(engine, dict):
+        named += [f"onnxruntime.{key}" for key in ("session_entries", "run_entries")
+                  if engine.get(key)]
+        for provider in engine.get("execution_providers") or []:
+            if isinstance(provider, (list, tuple)) and len(provider) == 2 and isinstance(
+                    provider[1], dict):
+                named += [f"onnxruntime.execution_providers {provider[0]} option '{key}'"
+                          for key in provider[1] if any(w in str(key) for w in _FILE_WORDS)]
+    if triton is not None:
+        for accelerator in triton.optimization.execution_accelerators.gpu_execution_accelerator:
+            named += [f"optimization.execution_accelerators {accelerator.name} parameter "
+                      f"'{key}'" for key in accelerator.parameters
+                      if any(word in key for word in _FILE_WORDS)]
+    if named:
+        raise InvalidInput(f"failed to load '{name}': {named[0][:_MAX_SHOWN * 2]} may name "
+                           "files on the server, which a load request may not set (put it in "
+                           "the model's config in the repository)")
 
 
 def check_files(name: str, files: Mapping[str, bytes], max_bytes: int

@@ -47,6 +47,31 @@ def test_triton_json_form_is_read_with_the_schema() -> None:
         config_form("m", {"name": "m", "nope": 1})
 
 
+@pytest.mark.parametrize(("config", "named"), [
+    ({"onnxruntime": {"session_entries": {"ep.context_file_path": "/etc/x"}}},
+     "onnxruntime.session_entries"),
+    ({"onnxruntime": {"run_entries": {"memory.enable_memory_arena_shrinkage": "cpu:0"}}},
+     "onnxruntime.run_entries"),
+    ({"onnxruntime": {"execution_providers": [
+        ["TensorrtExecutionProvider", {"trt_engine_cache_path": "/etc"}]]}},
+     "TensorrtExecutionProvider option 'trt_engine_cache_path'"),
+    ({"name": "m", "platform": "onnxruntime_onnx", "optimization": {"execution_accelerators": {
+        "gpu_execution_accelerator": [{"name": "tensorrt", "parameters": {
+            "trt_extra_plugin_lib_paths": "/tmp/evil.so"}}]}}},
+     "tensorrt parameter 'trt_extra_plugin_lib_paths'"),
+])
+def test_a_load_request_may_not_name_files_for_the_engine(config: dict[str, object],
+                                                          named: str) -> None:
+    """As the logging extension's log_file: a network client never picks the server's files
+    (an engine cache written anywhere, a plugin library loaded from anywhere)."""
+    with pytest.raises(InvalidInput) as refused:
+        prepare_override("m", config, {})
+    assert named in str(refused.value) and "may name files on the server" in str(refused.value)
+    safe = {"onnxruntime": {"execution_providers": [
+        ["CUDAExecutionProvider", {"device_id": "0"}], "CPUExecutionProvider"]}}
+    assert prepare_override("m", safe, {}) is not None
+
+
 @pytest.mark.parametrize(("key", "expected"), [
     ("file:1/../../x", "may not contain '..'"), ("file:/etc/passwd", "must be relative"),
     ("file:", "must be relative"), ("file:1//model.onnx", "empty parts"),
