@@ -97,6 +97,8 @@ class TritonModel:
                  size_bytes: int) -> None:
         self._instance, self._metadata, self._size_bytes = instance, metadata, size_bytes
         self._name, self._version = spec.name, int(spec.version)
+        states = spec.config.sequence_batching.states if spec.config.sequence_batching else []
+        self._state_outputs = [state.output_name for state in states]  # kept by the server
         self._lock = threading.Lock()  # Triton runs one execute() at a time per instance
         self._finalized = False
 
@@ -216,6 +218,9 @@ class TritonModel:
                     f"model '{self._name}': output '{spec.name}' is "
                     f"{returned[spec.name].dtype}, its config says {spec.datatype}")
             outputs[spec.name] = array
+        for name in self._state_outputs:  # implicit state: the sequence batcher keeps it
+            if name in returned and name not in outputs:
+                outputs[name] = returned[name]
         return outputs
 
 

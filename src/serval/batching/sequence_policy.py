@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from serval.batching.policy import Signature
 from serval.errors import InvalidInput
-from serval.protocol.types import TensorDict
+from serval.protocol.types import InferRequest, TensorDict
 
 SequenceId = int | str
 Strategy = Literal["direct", "oldest"]
@@ -38,6 +38,7 @@ class SequenceStep:
     future: asyncio.Future[TensorDict]
     enqueued_ns: int
     deadline_ns: int | None = None
+    request: InferRequest | None = None  # the client's (an engine that takes requests sees it)
 
 
 @dataclass(slots=True)

@@ -52,9 +52,10 @@ class SequenceModel:
 
 
 def check_sequence_model(metadata: ModelMetadata, settings: SequenceBatchingConfig,
-                         source: str) -> None:
+                         source: str, declared_only: bool = False) -> None:
     """ConfigError where a control or state names no tensor of the model, or a datatype
-    disagrees with the model's."""
+    disagrees with the model's. `declared_only`: a model that takes requests reads inputs by
+    name, so a control or state its config does not declare as a tensor is fine."""
     inputs = {t.name: t for t in metadata.inputs}
     outputs = {t.name: t for t in metadata.outputs}
     wanted = [(c.name, c.datatype, inputs, "control input") for c in settings.controls]
@@ -63,6 +64,8 @@ def check_sequence_model(metadata: ModelMetadata, settings: SequenceBatchingConf
         wanted.append((state.output_name, state.datatype, outputs, "state output"))
     for name, datatype, tensors, what in wanted:
         spec = tensors.get(name)
+        if spec is None and declared_only:
+            continue
         if spec is None:
             raise ConfigError(f"{source}: sequence_batching {what} '{name}' is not a tensor of "
                               f"the model (it has {', '.join(sorted(tensors)) or 'none'})")

@@ -1,6 +1,8 @@
 """The sequence batcher: the async shell over batching/sequence_policy.py. Each request is one
 step of a sequence (its sequence_id); steps of one sequence run in order, one row per sequence
-per batch; the server fills the control inputs and carries the implicit state between steps."""
+per batch; the server fills the control inputs and carries the implicit state between steps.
+An engine that takes requests (a Triton Python model) gets the batch as its list of requests,
+one per sequence, each with its control and state inputs, as Triton hands them over."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from serval.backends.base import LoadedModel
+from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.batcher import fail_unloaded, stop_consumers
 from serval.batching.policy import signature_of
 from serval.batching.sequence_policy import (
@@ -50,6 +52,8 @@ class Sequencer:
                  executor: ThreadPoolExecutor | None = None,
                  clock: Clock = time.perf_counter_ns) -> None:
         self._engine, self._settings, self._stats, self._clock = engine, settings, stats, clock
+        self._takes_requests = isinstance(engine, RequestModel)
+        self._state_outputs = tuple(state.output_name for state in settings.states)
         max_batch = engine.metadata.max_batch_size
         self._batched = max_batch > 0
         self._max_rows = max(1, max_batch)
@@ -105,7 +109,7 @@ class Sequencer:
         sequence = await self._admit(flags, deadline_ns)
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
-                                           self._clock(), deadline_ns))
+                                           self._clock(), deadline_ns, request))
         self._settled.clear()
         self._wakeup.set()
         return await future
@@ -236,9 +240,13 @@ class Sequencer:
         by_id = {sequence.id: step for sequence, step in zip(picked, steps, strict=True)}
         rows = batch_rows(picked, self._settings.strategy, self._max_rows)
         filled = [None if s is None else Row(by_id[s.id].flags, s.state) for s in rows]
+        server = control_tensors(self._settings.controls, filled, self._batched)
+        server.update(state_inputs(self._settings, filled, self._batched))
+        if self._takes_requests:
+            await self._run_requests(rows, by_id, server, now_ns)
+            return
         inputs = padded_inputs([None if s is None else by_id[s.id].inputs for s in rows])
-        inputs.update(control_tensors(self._settings.controls, filled, self._batched))
-        inputs.update(state_inputs(self._settings, filled, self._batched))
+        inputs.update(server)
         merged_ns = self._clock()
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(
@@ -255,21 +263,67 @@ class Sequencer:
         self._stats.record_execution(len(rows), len(steps), merged_ns - now_ns,
                                      computed_ns - merged_ns, self._clock() - computed_ns)
 
+    async def _run_requests(self, rows: list[LiveSequence | None],
+                            by_id: dict[SequenceId, SequenceStep], server: TensorDict,
+                            started_ns: int) -> None:
+        """One batch for an engine that takes requests: each sequence's step its own request,
+        with its row of the control and state inputs (no request for an empty slot)."""
+        assert isinstance(self._engine, RequestModel)
+        live = [(index, s) for index, s in enumerate(rows) if s is not None]
+        requests = []
+        for index, sequence in live:
+            step = by_id[sequence.id]
+            inputs = dict(step.inputs)
+            inputs.update({name: array[index:index + 1] if self._batched else array
+                           for name, array in server.items()})
+            asked = step.request or InferRequest(step.inputs)
+            requests.append(InferRequest(inputs, id=asked.id, parameters=asked.parameters))
+        steps = [by_id[sequence.id] for _, sequence in live]
+        merged_ns = self._clock()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._engine.infer_requests, requests)
+            if len(results) != len(requests):
+                raise BackendError(f"model '{self._stats.name}' answered {len(results)} of "
+                                   f"a batch of {len(requests)} requests")
+        except asyncio.CancelledError:
+            _fail(steps, ServerUnavailable("the model was unloaded while running"))
+            raise
+        except Exception as exc:  # the engine's own failure: this batch's steps fail
+            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
+                f"model '{self._stats.name}' failed to run the batch"))
+            return
+        computed_ns = self._clock()
+        for (_, sequence), step, result in zip(live, steps, results, strict=True):
+            if isinstance(result, ServalError):
+                _fail([step], result)  # its state stays as it was
+                continue
+            self._settle(sequence, step, result, 0)
+        self._stats.record_execution(len(rows), len(steps), merged_ns - started_ns,
+                                     computed_ns - merged_ns, self._clock() - computed_ns)
+
     def _answer(self, rows: list[LiveSequence | None], by_id: dict[SequenceId, SequenceStep],
                 outputs: TensorDict) -> None:
-        hidden = {state.output_name for state in self._settings.states}
         for index, sequence in enumerate(rows):
-            if sequence is None:
-                continue
-            step = by_id[sequence.id]
-            sequence.state = row_states(self._settings, outputs, index, self._batched)
-            if step.flags.end:
-                self._end(sequence)
-            if step.future.done():
-                continue
-            step.future.set_result({
-                name: array[index:index + 1] if self._batched else array
-                for name, array in outputs.items() if name not in hidden})
+            if sequence is not None:
+                self._settle(sequence, by_id[sequence.id], outputs, index)
+
+    def _settle(self, sequence: LiveSequence, step: SequenceStep, outputs: TensorDict,
+                index: int) -> None:
+        """Row `index` of `outputs` answers the step; its state outputs are kept, hidden."""
+        missing = [name for name in self._state_outputs if name not in outputs]
+        if missing:  # a model that takes requests may leave one out
+            _fail([step], BackendError(f"model '{self._stats.name}' returned no state output "
+                                       f"'{missing[0]}'"))
+            return
+        sequence.state = row_states(self._settings, outputs, index, self._batched)
+        if step.flags.end:
+            self._end(sequence)
+        if step.future.done():
+            return
+        step.future.set_result({
+            name: array[index:index + 1] if self._batched else array
+            for name, array in outputs.items() if name not in self._state_outputs})
 
     def _end(self, sequence: LiveSequence) -> None:
         """The sequence's last step ran: free its slot, unless its id starts again at once."""

@@ -1,11 +1,12 @@
 """A sequence model (config sequence_batching) served: its control and state tensors checked
-against the model, hidden from clients, and fed by a Sequencer instead of a Batcher."""
+against the model (a model that takes requests, a Triton Python model, need not declare them),
+hidden from clients, and fed by a Sequencer instead of a Batcher."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from serval.backends.base import LoadedModel, ModelVersionSpec, Served
+from serval.backends.base import LoadedModel, ModelVersionSpec, RequestModel, Served
 from serval.batching.sequence_tensors import SequenceModel, check_sequence_model
 from serval.batching.sequencer import Sequencer
 from serval.errors import ConfigError
@@ -19,7 +20,11 @@ def serve_sequences(model: LoadedModel, spec: ModelVersionSpec, stats: ModelStat
     settings = spec.config.sequence_batching
     assert settings is not None
     try:
-        check_sequence_model(model.metadata, settings, f"{spec.path.parent}/config")
+        if model.metadata.decoupled:
+            raise ConfigError(f"{spec.path.parent}/config: sequence_batching is not supported "
+                              "for decoupled models")
+        check_sequence_model(model.metadata, settings, f"{spec.path.parent}/config",
+                             declared_only=isinstance(model, RequestModel))
     except ConfigError:
         model.unload()
         raise
