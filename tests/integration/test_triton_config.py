@@ -274,8 +274,8 @@ def test_a_warm_up_from_data_files_runs_and_a_short_file_refuses_the_load(
     assert statistics["inference_count"] == 0  # warm-up runs are not counted, as Triton
     with pytest.raises(InferenceServerException) as failed:
         httpclient.InferenceServerClient(explicit_server.url).load_model("warm_file_short")
-    assert ("model_warmup 'from files' input 'INPUT0': FP32 shape [16] needs 64 bytes, "
-            "input_data_file 'in0' has 60") in str(failed.value)
+    assert ("model_warmup 'from files' input 'INPUT0': input_data_file 'in0': FP32 shape "
+            "[16] needs 64 bytes, it has 60") in str(failed.value)  # inputs in name order
 
 
 def test_declared_dims_are_served_and_reshaped_for_the_engine(

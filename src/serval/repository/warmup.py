@@ -39,7 +39,7 @@ def warmup_requests(samples: list[WarmupSample], batching: bool, model_dir: Path
     requests = []
     for sample in samples:
         inputs: TensorDict = {}
-        for name, spec in sample.inputs.items():
+        for name, spec in sorted(sample.inputs.items()):  # errors name the same one each time
             shape = ((sample.batch_size,) if batching else ()) + tuple(spec.dims)
             if spec.data == "file":
                 where = f"model_warmup '{sample.name}' input '{name}'"
@@ -95,7 +95,8 @@ def _from_file(model_dir: Path, spec: WarmupInput, where: str) -> np.ndarray:
     data = path.read_bytes()
     try:
         return tensor_from_raw(data, 0, len(data), spec.datatype, tuple(spec.dims), "x",
-                               size_source=f"input_data_file '{spec.file}' has")
+                               size_source="it has")
     except InvalidInput as exc:  # "input 'x': what is wrong"
-        raise ConfigError(f"{where}: {exc.message.split(': ', 1)[1]} (one sample of dims "
-                          f"{spec.dims}, from input_data_file '{spec.file}')") from None
+        raise ConfigError(f"{where}: input_data_file '{spec.file}': "
+                          f"{exc.message.split(': ', 1)[1]} (one sample of dims {spec.dims})"
+                          ) from None

@@ -80,7 +80,8 @@ def test_data_files_give_one_sample_repeated_over_the_batch(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(("name", "content", "expected"), [
-    ("x.bin", b"\x00" * 20, "FP32 shape [2, 3] needs 24 bytes, input_data_file 'x.bin' has 20"),
+    ("x.bin", b"\x00" * 20,
+     "input_data_file 'x.bin': FP32 shape [2, 3] needs 24 bytes, it has 20 (one sample"),
     ("other.bin", b"", "input_data_file 'x.bin': no such file in the model's warmup/ folder"),
 ])
 def test_a_missing_or_mis_sized_file_is_named(tmp_path: Path, name: str, content: bytes,
