@@ -257,15 +257,22 @@ def _occupy_engine(client: triton.InferenceServerClient, server: RunningServer
 
 
 def test_expired_deadline_is_dropped_before_compute(server: RunningServer) -> None:
+    """The call waits behind a running batch and a queued one (each ~0.1-0.5 s), so its 50 ms
+    pass while it is queued however fast this machine runs the first batch."""
     client = triton.InferenceServerClient(server.grpc_url)
     before = _slow_count(client)
     blocker = _occupy_engine(client, server)
+    big = _input("x", np.ones((128, 1024), dtype=np.float32))
+    queued = threading.Thread(target=lambda: client.infer("slow", [big]))
+    queued.start()
+    wait_until_queued(server.url, "slow", 1)
     with pytest.raises(InferenceServerException) as caught:
         client.infer("slow", [_input("x", np.ones((1, 1024), np.float32))], client_timeout=0.05)
     assert "Deadline" in str(caught.value) or "DEADLINE" in str(caught.value.status())
     blocker.join(timeout=30)
+    queued.join(timeout=30)
     wait_until_idle(server.url, "slow")  # the expired call has been taken from the queue
-    assert _slow_count(client) - before == 128  # only the blocker's rows reached the engine
+    assert _slow_count(client) - before == 256  # only the blockers' rows reached the engine
 
 
 def test_cancelled_call_frees_its_queue_slot(server: RunningServer) -> None:
