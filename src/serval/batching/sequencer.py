@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.batcher import fail_unloaded, stop_consumers
@@ -40,6 +41,8 @@ from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
 
 Clock = Callable[[], int]
+Batch = TypeVar("Batch")  # what the engine takes: a batch's tensors, or its requests
+Result = TypeVar("Result")
 
 
 class Sequencer:
@@ -248,15 +251,8 @@ class Sequencer:
         inputs = padded_inputs([None if s is None else by_id[s.id].inputs for s in rows])
         inputs.update(server)
         merged_ns = self._clock()
-        try:
-            outputs = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._engine.infer, inputs)
-        except asyncio.CancelledError:
-            _fail(steps, ServerUnavailable("the model was unloaded while running"))
-            raise
-        except Exception as exc:  # the engine's own failure: this batch's steps fail
-            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
-                f"model '{self._stats.name}' failed to run the batch"))
+        outputs = await self._compute(self._engine.infer, inputs, steps)
+        if outputs is None:
             return
         computed_ns = self._clock()
         self._answer(rows, by_id, outputs)
@@ -280,18 +276,12 @@ class Sequencer:
             requests.append(InferRequest(inputs, id=asked.id, parameters=asked.parameters))
         steps = [by_id[sequence.id] for _, sequence in live]
         merged_ns = self._clock()
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._engine.infer_requests, requests)
-            if len(results) != len(requests):
-                raise BackendError(f"model '{self._stats.name}' answered {len(results)} of "
-                                   f"a batch of {len(requests)} requests")
-        except asyncio.CancelledError:
-            _fail(steps, ServerUnavailable("the model was unloaded while running"))
-            raise
-        except Exception as exc:  # the engine's own failure: this batch's steps fail
-            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
-                f"model '{self._stats.name}' failed to run the batch"))
+        results = await self._compute(self._engine.infer_requests, requests, steps)
+        if results is None:
+            return
+        if len(results) != len(requests):
+            _fail(steps, BackendError(f"model '{self._stats.name}' answered {len(results)} "
+                                      f"of a batch of {len(requests)} requests"))
             return
         computed_ns = self._clock()
         for (_, sequence), step, result in zip(live, steps, results, strict=True):
@@ -301,6 +291,19 @@ class Sequencer:
             self._settle(sequence, step, result, 0)
         self._stats.record_execution(len(rows), len(steps), merged_ns - started_ns,
                                      computed_ns - merged_ns, self._clock() - computed_ns)
+
+    async def _compute(self, call: Callable[[Batch], Result], batch: Batch,
+                       steps: list[SequenceStep]) -> Result | None:
+        """`call(batch)` on an engine thread; None when the engine failed (the steps fail)."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call, batch)
+        except asyncio.CancelledError:
+            _fail(steps, ServerUnavailable("the model was unloaded while running"))
+            raise
+        except Exception as exc:  # the engine's own failure: this batch's steps fail
+            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
+                f"model '{self._stats.name}' failed to run the batch"))
+            return None
 
     def _answer(self, rows: list[LiveSequence | None], by_id: dict[SequenceId, SequenceStep],
                 outputs: TensorDict) -> None:
