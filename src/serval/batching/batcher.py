@@ -26,7 +26,13 @@ from serval.batching.policy import (
     signature_of,
     take_batch,
 )
-from serval.batching.priority import LeveledQueue, QueueRule, level_rules, priority_level
+from serval.batching.priority import (
+    LeveledQueue,
+    QueueRule,
+    level_rules,
+    priority_level,
+    queue_rule,
+)
 from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
     BackendError,
@@ -93,8 +99,7 @@ class Batcher:
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
         self._preferred = tuple(sorted(set(preferred_batch_sizes)))
-        default_rule = QueueRule(max_queue_size, int(default_timeout_ms * 1_000_000),
-                                 allow_timeout_override)
+        default_rule = queue_rule(max_queue_size, default_timeout_ms, allow_timeout_override)
         self._levels, self._default_level = priority_levels, default_priority_level
         self._rules = level_rules(priority_levels, default_rule, priority_rules or {})
         self._leveled = LeveledQueue(priority_levels) if priority_levels else None
@@ -156,13 +161,11 @@ class Batcher:
         the queue ahead of it and the measured batch times (see policy.expected_wait_ns).
         `level` None: not known yet (before decoding), judged as the first level's, and
         with priority levels no size bound is checked."""
-        waiting = len(self._queue) if self._leveled is None else self._leveled.waiting(
-            level or 1)
-        limit = self._rules[(level or 1) - 1].max_size
-        if limit is not None and waiting >= limit and (level or self._leveled is None):
-            raise Overloaded(f"model '{self._stats.name}' has {waiting} requests queued"
-                             f"{f' at priority {level}' if self._levels else ''}, its "
-                             "max_queue_size; retry shortly")
+        if self._leveled is None:
+            self._check_size(len(self._queue), self._rules[0].max_size, "")
+        elif level is not None:
+            self._check_size(self._leveled.waiting(level), self._rules[level - 1].max_size,
+                             f" at priority {level}")
         if deadline_ns is None:
             return
         now_ns = self._clock()
@@ -174,6 +177,11 @@ class Batcher:
                 f"{len(self._queue)} requests queued ahead, expected wait "
                 f"{(wait_ns or 0) / 1e6:.0f} ms; retry in {retry_after_s:.1f} s",
                 retry_after_s)
+
+    def _check_size(self, waiting: int, limit: int | None, where: str) -> None:
+        if limit is not None and waiting >= limit:
+            raise Overloaded(f"model '{self._stats.name}' has {waiting} requests queued{where}, "
+                             "its max_queue_size; retry shortly")
 
     def expected_wait_ns(self, now_ns: int, rows: int = 1, level: int = 1) -> float | None:
         """How long a request of `rows` (at priority `level`) queued now should wait for its

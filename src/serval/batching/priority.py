@@ -27,6 +27,12 @@ class QueueRule:
     allow_override: bool = True
 
 
+def queue_rule(max_size: int | None, default_timeout_ms: float,
+               allow_override: bool) -> QueueRule:
+    """A queue policy as configured (timeout in ms) as the batcher applies it."""
+    return QueueRule(max_size, int(default_timeout_ms * 1_000_000), allow_override)
+
+
 def priority_level(priority: object, levels: int, default: int) -> int:
     """The level a request's `priority` parameter puts it at (1 without levels)."""
     if levels <= 0:

@@ -272,8 +272,9 @@ class Sequencer:
             inputs = dict(step.inputs)
             inputs.update({name: array[index:index + 1] if self._batched else array
                            for name, array in server.items()})
-            asked = step.request or InferRequest(step.inputs)
-            requests.append(InferRequest(inputs, id=asked.id, parameters=asked.parameters))
+            asked = step.request
+            requests.append(InferRequest(inputs, id=asked.id if asked else None,
+                                         parameters=asked.parameters if asked else {}))
         steps = [by_id[sequence.id] for _, sequence in live]
         merged_ns = self._clock()
         results = await self._compute(self._engine.infer_requests, requests, steps)
@@ -285,6 +286,11 @@ class Sequencer:
             return
         computed_ns = self._clock()
         for (_, sequence), step, result in zip(live, steps, results, strict=True):
+            missing = [] if isinstance(result, ServalError) else [
+                name for name in self._state_outputs if name not in result]
+            if missing:  # an engine's tensors have them all (checked at load); a model's may not
+                result = BackendError(f"model '{self._stats.name}' returned no state output "
+                                      f"'{missing[0]}'")
             if isinstance(result, ServalError):
                 _fail([step], result)  # its state stays as it was
                 continue
@@ -314,11 +320,6 @@ class Sequencer:
     def _settle(self, sequence: LiveSequence, step: SequenceStep, outputs: TensorDict,
                 index: int) -> None:
         """Row `index` of `outputs` answers the step; its state outputs are kept, hidden."""
-        missing = [name for name in self._state_outputs if name not in outputs]
-        if missing:  # a model that takes requests may leave one out
-            _fail([step], BackendError(f"model '{self._stats.name}' returned no state output "
-                                       f"'{missing[0]}'"))
-            return
         sequence.state = row_states(self._settings, outputs, index, self._batched)
         if step.flags.end:
             self._end(sequence)

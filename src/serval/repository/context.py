@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
-from serval.batching.priority import QueueRule
+from serval.batching.priority import queue_rule
 from serval.errors import ConfigError, InvalidInput, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
 from serval.repository.declared import as_declared
@@ -78,9 +78,8 @@ class VersionContext:
             allow_timeout_override=batching.allow_timeout_override,
             priority_levels=batching.priority_levels,
             default_priority_level=batching.default_priority_level,
-            priority_rules={level: QueueRule(rule.max_queue_size,
-                                             int(rule.default_timeout_ms * 1_000_000),
-                                             rule.allow_timeout_override)
+            priority_rules={level: queue_rule(rule.max_queue_size, rule.default_timeout_ms,
+                                              rule.allow_timeout_override)
                             for level, rule in batching.priority_queues.items()},
             executor=self._executor,
         ))

@@ -335,7 +335,8 @@ def _batching(batching: mc.ModelDynamicBatching, source: str) -> dict[str, Any]:
 
 
 def _queue_policy(queue: mc.ModelQueuePolicy, where: str, source: str) -> dict[str, Any]:
-    """A queue policy (Triton's default allows the timeout override and bounds nothing)."""
+    """A queue policy as QueuePolicy settings (a max_queue_size of 0, Triton's "no bound",
+    leaves Serval's default bound)."""
     if queue.timeout_action != mc.ModelQueuePolicy.REJECT:
         raise ConfigError(f"{source}: field 'dynamic_batching.{where}.timeout_action' DELAY "
                           "is not supported by Serval (a request past its timeout is refused)")
