@@ -15,6 +15,7 @@ from serval.backends.validation import validate_request
 from serval.config import server_default
 from serval.errors import (
     InvalidInput,
+    LoadFailed,
     ModelNotFound,
     ModelNotReady,
     Overloaded,
@@ -177,7 +178,7 @@ class DataPlane:
                                            self.max_override_bytes)
         try:
             await self.registry.load(name, override)
-        except ModelNotReady:  # asked all the same: it should serve, and does not (as Triton)
+        except (ModelNotReady, LoadFailed):  # asked all the same: it should serve (as Triton)
             self.mark_asked(name)
             raise
         self.mark_asked(name)

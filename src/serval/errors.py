@@ -63,6 +63,12 @@ class ModelNotReady(ServalError):
     code = ErrorCode.MODEL_NOT_READY
 
 
+class LoadFailed(InvalidInput):
+    """A model cannot load from what the repository holds (a broken file or config, no
+    version to load): HTTP 400, gRPC INVALID_ARGUMENT, as Triton's load. Retrying does not
+    help, unlike ModelNotReady (no room now)."""
+
+
 class Overloaded(ServalError):
     """The server refuses work it could not finish in time (HTTP 429)."""
 

@@ -187,7 +187,7 @@ def test_a_failing_new_version_leaves_the_old_one_serving(server_factory: Factor
     broken.mkdir()
     (broken / "model.onnx").write_bytes(b"not a model")
     reply = call(server.url, "POST", "/v2/repository/models/clf/load")
-    assert reply.status == 503 and "load failed" in reply.error
+    assert reply.status == 400 and "load failed" in reply.error  # as Triton: retrying won't do
     assert infer(server.url, "clf", X).json()["model_version"] == "1"
     index = call(server.url, "POST", "/v2/repository/index").json()
     failed = next(e for e in index if e["version"] == "2")

@@ -142,12 +142,18 @@ def test_a_404_on_load_shows_no_path(server: RunningServer, repository: Path,
     assert_no_path(str(caught.value.details()), repository)
 
 
-def test_a_failed_load_through_the_api_shows_no_path(server: RunningServer,
-                                                     repository: Path) -> None:
+def test_a_failed_load_through_the_api_shows_no_path(
+        server: RunningServer, stub: pb_grpc.GRPCInferenceServiceStub, repository: Path) -> None:
+    """A broken model's load is the caller's to fix, not to retry: 400 / INVALID_ARGUMENT,
+    as Triton's load."""
     reply = call(server.url, "POST", "/v2/repository/models/corrupt/load")
-    assert reply.status == 503
+    assert reply.status == 400
     assert "failed to load 'corrupt'" in reply.error and "model.onnx" in reply.error
     assert_no_path(reply.body, repository)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="corrupt"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == reply.error
 
 
 # pipelines ---------------------------------------------------------------------------------

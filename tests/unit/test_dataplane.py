@@ -11,7 +11,7 @@ import pytest
 
 from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.dataplane import DataPlane
-from serval.errors import ModelNotReady
+from serval.errors import LoadFailed, ModelNotReady
 from serval.repository.registry import ModelRegistry
 from serval.repository.table import ModelControl
 from tests import fixture_models
@@ -64,7 +64,7 @@ def test_explicit_control_counts_the_models_asked_for(repository: Path) -> None:
         assert dataplane.ready()  # nothing asked for
         await dataplane.load_model("linear")
         assert dataplane.ready()
-        with pytest.raises(ModelNotReady, match="failed to load 'corrupt'"):
+        with pytest.raises(LoadFailed, match="failed to load 'corrupt'"):
             await dataplane.load_model("corrupt")
         assert not dataplane.ready()
         await dataplane.unload_model("corrupt")
@@ -79,7 +79,7 @@ def test_lazy_control_never_holds_readiness_on_a_model(repository: Path) -> None
             async with dataplane.registry.acquire("corrupt"):
                 pass
         assert dataplane.ready()
-        with pytest.raises(ModelNotReady):
+        with pytest.raises(LoadFailed):
             await dataplane.load_model("corrupt")
         assert dataplane.ready()  # a lazy node stays in its balancer's rotation
 

@@ -75,7 +75,7 @@ def version_signature(model_dir: Path, version: str) -> VersionSignature:
     for path in files:
         try:
             stat = path.stat()
-        except FileNotFoundError:  # gone while looking: the next look sees it gone
+        except OSError:  # gone while looking, or a link that loops: the next look sees it
             continue
         signature.append((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
     return tuple(sorted(signature))

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from serval.backends.base import ModelVersionSpec
 from serval.config import ModelConfig, TransportLimits
-from serval.errors import ConfigError, InvalidInput, ModelNotFound, ModelNotReady
+from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound, ModelNotReady
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import ModelDirectory, scan_model
 from serval.repository.store import serving_version
@@ -91,7 +91,7 @@ def version_spec(directory: ModelDirectory, version: str, override: LoadOverride
 def reload_plan(root: Path, name: str, override: LoadOverride | None,
                 public: Callable[[str], str]) -> tuple[ModelDirectory, tuple[str, ...]]:
     """The folder a reload loads from and the versions it selects (serving.json's pin, else
-    the policy). ModelNotFound; InvalidInput for the override's fault, ModelNotReady for the
+    the policy). ModelNotFound; InvalidInput for the override's fault, LoadFailed for the
     folder's, each reason as `public` shows it to clients."""
     directory = model_directory(root, name, override)
     if directory is None:
@@ -104,12 +104,12 @@ def reload_plan(root: Path, name: str, override: LoadOverride | None,
         pinned = serving_version(directory.path)
         config = override.config(directory) if override else directory.config()
     except ConfigError as exc:
-        raise ModelNotReady(f"failed to load '{name}': {public(str(exc))}") from None
+        raise LoadFailed(f"failed to load '{name}': {public(str(exc))}") from None
     selected = (pinned,) if pinned in directory.versions else config.version_policy.select(
         directory.versions)
     if not selected:
-        raise ModelNotReady(f"failed to load '{name}': the version policy selects no version "
-                            "folder (e.g. 1/)")
+        raise LoadFailed(f"failed to load '{name}': the version policy selects no version "
+                         "folder (e.g. 1/)")
     return directory, selected
 
 

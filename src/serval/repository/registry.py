@@ -19,7 +19,7 @@ from pathlib import Path
 
 from serval.backends.base import Backend
 from serval.config import PipelineStep, server_default
-from serval.errors import ConfigError, ModelNotFound, ModelNotReady
+from serval.errors import ConfigError, LoadFailed, ModelNotFound, ModelNotReady, ServalError
 from serval.repository.context import StepPath, StepRouter
 from serval.repository.layout import scan_model, scan_repository, version_signature
 from serval.repository.loader import Source, VersionLoader
@@ -94,8 +94,9 @@ class ModelRegistry(ModelTable):
         With an override (a dict: a config in either form), or while one is in force, every
         selected version reloads (`_swap`).
 
-        Raises ModelNotFound for a folder that is not there, ModelNotReady when a selected
-        version fails to load; then nothing is retired and the serving versions keep serving.
+        Raises ModelNotFound for a folder that is not there; LoadFailed when a selected version
+        is broken, ModelNotReady when one finds no room now (_load_error); then nothing is
+        retired and the serving versions keep serving.
         """
         if isinstance(override, dict):
             override = prepare_override(name, override, {})
@@ -111,13 +112,13 @@ class ModelRegistry(ModelTable):
         if not self._selected[name]:
             reasons = "; ".join(s.reason for s in self._models[name].values()) or (
                 "the version policy selects no version folder")
-            raise ModelNotReady(f"failed to load '{name}': nothing to load: {reasons}")
+            raise LoadFailed(f"failed to load '{name}': nothing to load: {reasons}")
         if await self._changed_on_disk(name):  # as Triton: a changed model reloads
             await self._swap(name, None)
             return
-        failures = await self._load_versions(name)
-        if failures:  # retire nothing: the versions already serving keep serving
-            raise ModelNotReady(f"failed to load '{name}': {'; '.join(failures)}")
+        failed = await self._load_versions(name)
+        if failed:  # retire nothing: the versions already serving keep serving
+            raise _load_error(name, failed)
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
 
@@ -162,11 +163,12 @@ class ModelRegistry(ModelTable):
             if served.version in serving:  # one version's counters go on across reloads
                 served.stats = serving[served.version].stats
         await asyncio.gather(*(self._load(s, (directory, override)) for s in fresh))
-        failures = [f"version {s.version}: {s.reason}" for s in fresh if not s.ready]
-        if failures:
+        failed = [s for s in fresh if not s.ready]
+        if failed:
+            error = _load_error(name, failed)
             for served in fresh:
                 await self._release(served, ModelState.UNAVAILABLE, "load abandoned")
-            raise ModelNotReady(f"failed to load '{name}': {'; '.join(failures)}")
+            raise error
         return fresh, selected
 
     async def _hand_over(self, name: str, fresh: list[ServedModel],
@@ -232,16 +234,16 @@ class ModelRegistry(ModelTable):
 
     # loading ---------------------------------------------------------------------------------
 
-    async def _load_versions(self, name: str) -> list[str]:
-        """Load every selected version of a model that is not ready; returns failure reasons."""
-        failures = []
+    async def _load_versions(self, name: str) -> list[ServedModel]:
+        """Load every selected version of a model that is not ready; returns those that fail."""
+        failed = []
         for version in self._selected.get(name, ()):
             served = self._models[name][version]
             try:
                 await self._ensure_loaded(served)
             except ModelNotReady:
-                failures.append(f"version {version}: {served.reason}")
-        return failures
+                failed.append(served)
+        return failed
 
     async def _load_on_demand(self, served: ServedModel, versioned: bool) -> None:
         if served.state is ModelState.LOADING or served.auto_load:
@@ -261,7 +263,7 @@ class ModelRegistry(ModelTable):
 
     async def _load(self, served: ServedModel, source: Source | None = None) -> None:
         """Load from `source`, else from the folder and override the model serves under."""
-        previous = served.state
+        previous, served.broken = served.state, False
         try:
             await self._load_steps(served)  # before taking a slot: a step needs its own
             if source is None:
@@ -275,6 +277,7 @@ class ModelRegistry(ModelTable):
             public = exc.public if isinstance(exc, StepNotReady) else str(exc)
             served.reason = f"load failed: {self.public_reason(public)}"
             served.auto_load = False  # a broken version waits for an explicit load
+            served.broken = True
             log.error("model failed to load", extra={"model": served.name,
                                                      "version": served.version,
                                                      "reason": str(exc)})
@@ -381,3 +384,13 @@ class Lease:
     async def __aexit__(self, *exc_info: object) -> None:
         if self._served is not None:
             self._served.in_flight -= 1
+
+
+def _load_error(name: str, failed: list[ServedModel]) -> ServalError:
+    """Why a load request failed: LoadFailed (400, as Triton) when a version is broken,
+    ModelNotReady (503) when every failure is for want of room now."""
+    message = f"failed to load '{name}': " + "; ".join(
+        f"version {served.version}: {served.reason}" for served in failed)
+    if any(served.broken for served in failed):
+        return LoadFailed(message)
+    return ModelNotReady(message)

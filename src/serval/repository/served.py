@@ -38,6 +38,7 @@ class ServedModel:
     signature: VersionSignature | None = None  # its files at load (None: an override's)
     loading: asyncio.Task[None] | None = None
     auto_load: bool = False  # may load on a request (lazy control, or evicted)
+    broken: bool = False  # its last load failed on its files or config, not for want of room
     totals: ModelStats | None = None  # the registry's server-wide sums
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ def model_signature(model_dir: Path) -> Signature:
         for entry in entries:
             if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
                 versions.append((entry.name, _latest_ns(entry)))
-            elif not entry.name.startswith(".") and entry.is_file():
+            elif not entry.name.startswith(".") and _is_file(entry):
                 files.append((entry.name, _mtime_ns(entry)))
     return tuple(sorted(versions)), tuple(sorted(files))
 
@@ -36,10 +36,10 @@ async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
     """Reload (hot swap) every model whose folder changed since the last look; runs forever.
     Each look runs on a thread: with 10,000 models it takes about 0.3 s of file system calls,
     which the event loop must not wait for."""
-    seen = await asyncio.to_thread(_signatures, registry.root)
+    seen = await _look(registry.root, {})
     while True:
         await asyncio.sleep(interval_s)
-        current = await asyncio.to_thread(_signatures, registry.root)
+        current = await _look(registry.root, seen)
         for name, signature in current.items():
             if seen.get(name) != signature and _tracked_or_eager(registry, name):
                 try:
@@ -59,16 +59,41 @@ def _tracked_or_eager(registry: ModelRegistry, name: str) -> bool:
                for v in registry.versions_of(name))
 
 
+async def _look(root: Path, seen: dict[str, Signature]) -> dict[str, Signature]:
+    """One look at the repository, or (its folder unreadable) the last one: the poll goes on."""
+    try:
+        return await asyncio.to_thread(_signatures, root)
+    except OSError as exc:
+        log.error("the repository could not be read; the poll tries again",
+                  extra={"reason": exc.strerror or type(exc).__name__})
+        return seen
+
+
 def _signatures(root: Path) -> dict[str, Signature]:
-    return {p.name: model_signature(p) for p in root.iterdir()
-            if p.is_dir() and not p.name.startswith((".", "_"))}
+    """Each model folder's signature; a folder that vanishes or cannot be read while looking
+    is left out of this look (its served versions keep serving)."""
+    found = {}
+    for path in root.iterdir():
+        if path.is_dir() and not path.name.startswith((".", "_")):
+            try:
+                found[path.name] = model_signature(path)
+            except OSError:
+                continue
+    return found
 
 
 def _mtime_ns(entry: os.DirEntry[str]) -> int:
     try:
         return entry.stat().st_mtime_ns
-    except FileNotFoundError:  # gone while looking: the next look sees it gone
+    except OSError:  # gone while looking, a dangling or looping link: no time of its own
         return 0
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:  # a link that loops: not a file a model reads
+        return False
 
 
 def _latest_ns(folder: os.DirEntry[str]) -> int:
@@ -79,6 +104,6 @@ def _latest_ns(folder: os.DirEntry[str]) -> int:
             for entry in entries:
                 latest = max(latest, _latest_ns(entry) if entry.is_dir(follow_symlinks=False)
                              else _mtime_ns(entry))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # gone while looking, or unreadable: what was seen of it counts
         pass
     return latest

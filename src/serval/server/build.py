@@ -18,7 +18,7 @@ from serval.backends.base import BackendOptions
 from serval.backends.cores import usable_cores
 from serval.config import ServerConfig
 from serval.dataplane import DataPlane
-from serval.errors import ConfigError, ModelNotReady
+from serval.errors import ConfigError, LoadFailed, ModelNotReady
 from serval.observability.logging import log_control
 from serval.observability.metrics import (
     ModelMetricsCollector,
@@ -107,7 +107,7 @@ async def load_at_start(dataplane: DataPlane, names: list[str]) -> None:
         raise ConfigError(f"--load-model {unknown[0]}: no model folder of that name in the "
                           "repository")
     for name in wanted:
-        with contextlib.suppress(ModelNotReady):  # logged with its reason by the registry
+        with contextlib.suppress(ModelNotReady, LoadFailed):  # the registry logs why
             await registry.load(name)
         dataplane.mark_asked(name)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.errors import InvalidInput, ModelNotReady
+from serval.errors import InvalidInput, LoadFailed, ModelNotReady
 from serval.repository.overrides import (
     LoadOverride,
     check_files,
@@ -164,7 +164,7 @@ def test_a_failed_override_keeps_the_serving_version_and_its_override(tmp_path: 
             await registry.load("m", {"max_batch_size": 2})
             garbage = prepare_override("m", {"max_batch_size": 4}, {"file:1/model.onnx": b"no"})
             assert garbage is not None and garbage.folder is not None
-            with pytest.raises(ModelNotReady, match="failed to load 'm': version 1: load "):
+            with pytest.raises(LoadFailed, match="failed to load 'm': version 1: load "):
                 await registry.load("m", garbage)
             assert not garbage.folder.exists()
             assert _batch_limit(registry, "m") == 2

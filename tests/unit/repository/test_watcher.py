@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,65 @@ def test_a_labels_file_edited_changes_the_signature(tmp_path: Path) -> None:
     before = model_signature(tmp_path)
     os.utime(tmp_path / "labels.txt", (2_000, 2_000))
     assert model_signature(tmp_path) != before
+
+
+def test_links_that_loop_or_dangle_do_not_stop_a_look(tmp_path: Path) -> None:
+    """A link pointing at itself raises ELOOP on stat: the look goes on and the model's
+    other changes still show."""
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "loop").symlink_to("loop")
+    (model / "1" / "loop").symlink_to("loop")
+    (model / "1" / "gone").symlink_to("nowhere")
+    before = watcher._signatures(tmp_path)
+    assert set(before) == {"m"}
+    (model / "2").mkdir()
+    assert watcher._signatures(tmp_path)["m"] != before["m"]
+    assert version_signature(model, "1") == ()
+
+
+def test_the_poll_goes_on_when_the_repository_cannot_be_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repository folder moved away for a while (an unmounted volume): the poll logs it,
+    keeps what it saw, and reloads a change made once the folder is back."""
+    root = tmp_path / "repo"
+    (root / "m" / "1").mkdir(parents=True)
+    looks: list[str] = []
+    real = watcher._signatures
+
+    def signatures(path: Path) -> dict[str, watcher.Signature]:
+        try:
+            found = real(path)
+        except OSError:
+            looks.append("failed")
+            raise
+        looks.append("read")
+        return found
+
+    monkeypatch.setattr(watcher, "_signatures", signatures)
+    reloads: list[str] = []
+
+    class Registry(ModelRegistry):
+        async def load(self, name: str, override: object = None) -> None:
+            reloads.append(name)
+
+    async def until(done: Callable[[], bool], task: asyncio.Task[None]) -> None:
+        while not done():
+            assert not task.done(), "the poll stopped"
+            await asyncio.sleep(0.001)
+
+    async def main() -> None:
+        registry = Registry(root, {}, control="all")
+        task = asyncio.create_task(watcher.watch_repository(registry, 0.001))
+        await until(lambda: "read" in looks, task)
+        root.rename(tmp_path / "away")
+        await until(lambda: "failed" in looks, task)
+        (tmp_path / "away").rename(root)
+        (root / "m" / "2").mkdir()
+        await until(lambda: bool(reloads), task)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert reloads == ["m"]
