@@ -84,6 +84,45 @@ class TritonPythonModel:
         return None
 '''
 
+# Answers, in each row of OUTPUT0, how many requests its batch held (it batches by preferring
+# 4 and otherwise waiting up to 5 s for more).
+ROWS_SEEN = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", np.full((1, 16), len(requests), np.float32))])
+                for _ in requests]
+'''
+
+# Asks rows_seen four times at once; OUTPUT0 is the smallest batch any of them was part of.
+BLS_FANOUT = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, "INPUT0"),
+                      pb_utils.get_input_tensor_by_name(request, "INPUT1")]
+            answers = await asyncio.gather(*(pb_utils.InferenceRequest(
+                model_name="rows_seen", requested_output_names=["OUTPUT0"],
+                inputs=inputs).async_exec() for _ in range(4)))
+            seen = min(pb_utils.get_output_tensor_by_name(a, "OUTPUT0").as_numpy().min()
+                       for a in answers)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", np.full((1, 16), seen, np.float32))]))
+        return responses
+'''
+
+
 def _pbtxt(name: str, model_name_input: bool = False, two_outputs: bool = True,
            decoupled: bool = False) -> str:
     """A Python model's config.pbtxt: FP32 [16] INPUT0, INPUT1 (and MODEL_NAME) in, OUTPUT0
@@ -106,11 +145,16 @@ def _write(root: Path, name: str, source: str, pbtxt: str) -> None:
 
 
 def build(root: Path) -> Path:
-    """bls_sync, bls_async and bls_decoupled over add_sub (Python) and add_sub_onnx."""
+    """bls_sync, bls_async and bls_decoupled over add_sub (Python) and add_sub_onnx;
+    bls_fanout over rows_seen."""
     _write(root, "add_sub", ADD_SUB, _pbtxt("add_sub"))
     fixture_models.add_sub(root, "add_sub_onnx", config="max_batch_size: 8\n")
     _write(root, "bls_sync", BLS_SYNC, _pbtxt("bls_sync", model_name_input=True))
     _write(root, "bls_async", BLS_ASYNC, _pbtxt("bls_async"))
     _write(root, "bls_decoupled", BLS_DECOUPLED,
            _pbtxt("bls_decoupled", two_outputs=False, decoupled=True))
+    _write(root, "rows_seen", ROWS_SEEN, _pbtxt("rows_seen", two_outputs=False)
+           + "dynamic_batching { preferred_batch_size: [ 4 ] "
+           "max_queue_delay_microseconds: 5000000 }\n")
+    _write(root, "bls_fanout", BLS_FANOUT, _pbtxt("bls_fanout", two_outputs=False))
     return root

@@ -96,6 +96,16 @@ def test_async_execute_awaits_calls_made_together(bls_server: RunningServer) -> 
     assert _successes(bls_server, "add_sub") == python_before + 1
 
 
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_calls_gathered_together_run_together(bls_server: RunningServer, transport: str) -> None:
+    """Four async_exec() calls gathered reach the called model at once, so its batcher puts
+    them in one batch of 4 (one at a time, each would be a batch of 1 after 5 s)."""
+    module = httpclient if transport == "http" else grpcclient
+    a, b = _pair()
+    result = _client(bls_server, transport).infer("bls_fanout", _inputs(module, a, b))
+    assert result.as_numpy("OUTPUT0").tolist() == [[4.0] * 16]
+
+
 def test_concurrent_clients_each_get_their_own_answer(bls_server: RunningServer) -> None:
     """Batches of bls_sync, each request calling out on its own: nothing is mixed up."""
     errors: list[BaseException] = []

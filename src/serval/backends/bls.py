@@ -2,12 +2,16 @@
 on another model of the server (`pb_utils.InferenceRequest(...).exec()`).
 
 The child sends the call up the model's own pipe, (CALL, (id, model, version, outputs,
-parameters, timeout_us)) then the inputs (pipe_tensors), and waits; the
-parent, which is waiting for the batch's results on that pipe, answers it through the data
-plane's per-model path (a ModelCaller: validated, batched, counted as a client's request) with
-(REPLY, (id, error or None)) then the outputs. A child that reads its pipe on a thread of its
-own (a decoupled model's) routes each reply to its caller by id; otherwise the calling thread
-reads its own reply, one call on the pipe at a time.
+parameters, timeout_us)) then the inputs (pipe_tensors), and waits; the parent, which is
+waiting for the batch's results on that pipe, reads the inputs and answers the call on a
+thread of its own through the data plane's per-model path (a ModelCaller: validated, batched,
+counted as a client's request) with (REPLY, (id, error or None)) then the outputs. So calls
+made together (`asyncio.gather` of `async_exec()`s, or threads calling `exec()`) run
+together, as in Triton, and may share a batch of the model they call.
+
+Replies come back in any order and go to their callers by id. A child that reads its pipe on
+a thread of its own (a decoupled model's) hands them over (`deliver`); otherwise the waiting
+callers take turns reading the pipe, each delivering whatever reply comes, until its own has.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ STOPPED = "the server stopped serving this model"
 class ChildChannel:
     """The child's end of BLS on one pipe. `send_lock` guards the pipe's writes when other
     threads write to it too; with `routed`, replies come in through `deliver` (the thread that
-    reads the pipe calls it), else the caller reads its own."""
+    reads the pipe calls it), else the callers waiting read them in turn."""
 
     def __init__(self, conn: Connection, send_lock: threading.Lock | None = None,
                  routed: bool = False) -> None:
         self._conn, self._routed = conn, routed
         self._send_lock = send_lock or threading.Lock()
-        self._one_call = threading.Lock()  # unrouted: a call and its reply, one at a time
+        self._reading = threading.Lock()  # unrouted: the caller reading the pipe now
         self._ids = itertools.count(1)
         self._waiting: dict[int, Future[Answer]] = {}
         self._closed = False
@@ -50,13 +54,6 @@ class ChildChannel:
              outputs: list[str] | None, parameters: dict[str, Any], timeout_us: int) -> Answer:
         call_id = next(self._ids)
         head: Head = (call_id, model, version, outputs, parameters, timeout_us)
-        if not self._routed:
-            with self._one_call:
-                with self._send_lock:
-                    self._conn.send((CALL, head))
-                    send_tensors(self._conn, inputs)
-                _, (_, error) = self._conn.recv()
-                return error if error is not None else recv_tensors(self._conn)
         answer: Future[Answer] = Future()
         self._waiting[call_id] = answer
         if self._closed:  # after close() (or during it): nobody will deliver
@@ -65,6 +62,11 @@ class ChildChannel:
         with self._send_lock:
             self._conn.send((CALL, head))
             send_tensors(self._conn, inputs)
+        while not self._routed and not answer.done():
+            with self._reading:  # one reader at a time; each reply read goes to its caller
+                if not answer.done():
+                    _, reply = self._conn.recv()
+                    self.deliver(reply)
         return answer.result()
 
     def deliver(self, reply: tuple[int, str | None]) -> None:
@@ -132,13 +134,6 @@ def send_reply(conn: Connection, call_id: int, answer: Answer,
         send_tensors(conn, answer)
 
 
-def answer_call(conn: Connection, head: Head, caller: ModelCaller | None, label: str,
-                abandon: threading.Event) -> None:
-    """Read one CALL's inputs, run it, write its REPLY (the caller's thread blocks)."""
-    head, inputs = read_call(conn, head)
-    send_reply(conn, head[0], run_call(caller, head, inputs, label, abandon))
-
-
 def answer_call_later(conn: Connection, head: Head, caller: ModelCaller | None, label: str,
                       abandon: threading.Event, send_lock: threading.Lock,
                       spawn: Callable[[Callable[[], None]], None]) -> None:
@@ -151,3 +146,8 @@ def answer_call_later(conn: Connection, head: Head, caller: ModelCaller | None, 
             send_reply(conn, head[0], answer, send_lock)
 
     spawn(run)
+
+
+def spawn_thread(work: Callable[[], None]) -> None:
+    """Run one BLS call on a thread of its own (calls made together run together)."""
+    threading.Thread(target=work, daemon=True, name="serval-bls-call").start()

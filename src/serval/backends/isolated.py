@@ -75,6 +75,7 @@ class IsolatedModel:
         self.caller = caller
         self.abandon = threading.Event()  # set on unload: BLS calls stop waiting
         self._lock = threading.Lock()  # one batch on the pipe at a time
+        self._send_lock = threading.Lock()  # the batch's writes and its BLS replies' (threads)
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._closed = False
@@ -119,10 +120,12 @@ class IsolatedModel:
                 self._restart_locked()
             assert self._conn is not None
             try:
-                send(self._conn)
+                with self._send_lock:
+                    send(self._conn)
                 status, detail = self._conn.recv()
                 while status == bls.CALL:  # the model runs inference on another one
-                    bls.answer_call(self._conn, detail, self.caller, self.label, self.abandon)
+                    bls.answer_call_later(self._conn, detail, self.caller, self.label,
+                                          self.abandon, self._send_lock, bls.spawn_thread)
                     status, detail = self._conn.recv()
                 received = receive(self._conn, detail) if status == "ok" else None
             except (EOFError, OSError) as exc:
@@ -215,7 +218,7 @@ class IsolatedModel:
         process, conn = self._process, self._conn
         self._process, self._conn = None, None
         if conn is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):  # no lock: a reply stuck on a full pipe
                 conn.send((_STOP, None))
         if process is not None:
             process.join(timeout=STOP_TIMEOUT_S)

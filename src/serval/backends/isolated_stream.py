@@ -181,7 +181,7 @@ class StreamPipe:
                         self.conn, message[1], model.caller if model else None,
                         model.label if model else "this model",
                         model.abandon if model else threading.Event(), self._send_lock,
-                        _spawn)
+                        bls.spawn_thread)
                 else:  # _FAILED
                     self._finish(message[1], BackendError(
                         f"the model raised in its worker process: {message[2]}"))
@@ -225,10 +225,6 @@ class StreamPipe:
                 return
             if stop:
                 return
-
-
-def _spawn(work: Callable[[], None]) -> None:
-    threading.Thread(target=work, daemon=True, name="serval-bls-call").start()
 
 
 def _sink_of(request: InferRequest) -> ResponseSink:

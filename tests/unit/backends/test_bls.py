@@ -1,5 +1,6 @@
 """BLS over a worker's pipe: a child's call reaches the parent's caller and its answer (outputs
-or error text) comes back, with the caller's thread reading its reply or a reader routing it."""
+or error text) comes back, to its own caller however many call together: the callers read the
+pipe in turn, or a reader routes the replies."""
 
 from __future__ import annotations
 
@@ -35,11 +36,14 @@ class Caller:
 
 def _parent(conn: Any, caller: Caller, calls: int) -> threading.Thread:
     """What IsolatedModel._exchange does while a batch runs: answer the child's calls."""
+    send_lock = threading.Lock()
+
     def serve() -> None:
         for _ in range(calls):
             kind, head = conn.recv()
             assert kind == bls.CALL
-            bls.answer_call(conn, head, caller, "model 'm'", threading.Event())
+            bls.answer_call_later(conn, head, caller, "model 'm'", threading.Event(), send_lock,
+                                  bls.spawn_thread)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -68,21 +72,51 @@ def test_a_call_and_its_reply_when_the_caller_reads_it() -> None:
     serving.join(5)
 
 
+def _answer_in_reverse(parent: Any, caller: Caller, calls: int) -> None:
+    """The parent's side, answering once every call is in: the last one first."""
+    heads = []
+    for _ in range(calls):
+        _, head = parent.recv()
+        heads.append(bls.read_call(parent, head))
+    for head, inputs in reversed(heads):
+        bls.send_reply(parent, head[0], bls.run_call(caller, head, inputs, "m",
+                                                     threading.Event()))
+
+
+def _call_together(channel: bls.ChildChannel, calls: int) -> dict[int, Any]:
+    answers: dict[int, Any] = {}
+
+    def call(index: int) -> None:
+        answers[index] = channel.call("twice", None, {"X": np.full(2, index, np.int64)},
+                                      None, {}, 0)
+
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    return answers
+
+
+def test_calls_made_together_are_in_flight_together_and_each_gets_its_reply() -> None:
+    """As gathered async_exec() calls: all reach the parent before any is answered (one call
+    at a time would wait forever here), and the callers, reading the pipe in turn, each get
+    their own reply though the replies come back in reverse."""
+    child, parent = Pipe()
+    channel = bls.ChildChannel(child)
+    calls = 6
+    threading.Thread(target=_answer_in_reverse, args=(parent, Caller(), calls),
+                     daemon=True).start()
+    answers = _call_together(channel, calls)
+    assert {i: answer["Y"].tolist() for i, answer in answers.items()} == {
+        i: [2 * i, 2 * i] for i in range(calls)}
+
+
 def test_replies_routed_by_a_reader_reach_each_waiting_thread() -> None:
     child, parent = Pipe()
     send_lock = threading.Lock()
     channel = bls.ChildChannel(child, send_lock, routed=True)
-    caller = Caller()
     calls = 6
-
-    def parent_side() -> None:  # answers out of order: the last call first
-        heads = []
-        for _ in range(calls):
-            _, head = parent.recv()
-            heads.append(bls.read_call(parent, head))
-        for head, inputs in reversed(heads):
-            bls.send_reply(parent, head[0], bls.run_call(caller, head, inputs, "m",
-                                                         threading.Event()))
 
     def reader() -> None:  # what ChildStreams._read does with REPLY messages
         for _ in range(calls):
@@ -90,19 +124,10 @@ def test_replies_routed_by_a_reader_reach_each_waiting_thread() -> None:
             assert kind == bls.REPLY
             channel.deliver(reply)
 
-    threading.Thread(target=parent_side, daemon=True).start()
+    threading.Thread(target=_answer_in_reverse, args=(parent, Caller(), calls),
+                     daemon=True).start()
     threading.Thread(target=reader, daemon=True).start()
-    answers: dict[int, Any] = {}
-
-    def call(index: int) -> None:
-        answers[index] = channel.call("twice", None, {"X": np.full(2, index, np.int64)},
-                                      None, {}, 0)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(5)
+    answers = _call_together(channel, calls)
     assert {i: answer["Y"].tolist() for i, answer in answers.items()} == {
         i: [2 * i, 2 * i] for i in range(calls)}
 

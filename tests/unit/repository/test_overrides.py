@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.errors import InvalidInput, LoadFailed, ModelNotReady
+from serval.errors import InvalidInput, LoadFailed
 from serval.repository.overrides import (
     LoadOverride,
     check_files,
