@@ -6,13 +6,15 @@ file); the server fills their control inputs and carries their implicit state:
 - simple_dyna_sequence: OUTPUT = INPUT + START, plus the CORRID (UINT64) on the END step;
 - simple_string_dyna_sequence: an accumulator in implicit state (zeros on START), plus the
   CORRID (a STRING id, read as an integer) on the END step;
-- accumulate: FP32 accumulator in implicit state, oldest strategy (Serval's own tests).
+- accumulate: FP32 accumulator in implicit state, oldest strategy (Serval's own tests);
+- accumulate_from_file: the same, its initial state read from initial_state/start.bin.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -103,9 +105,36 @@ def _accumulate(root: Path) -> None:
     write_model(root, "accumulate", graph, config.replace("5000000", "300000"))
 
 
+def _accumulate_from_file(root: Path) -> None:
+    """accumulate's graph, its sums starting from the initial state in
+    initial_state/start.bin (FP32 100.0), not zeros."""
+    f32 = TensorProto.FLOAT
+    nodes = [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+             helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])]
+    graph = helper.make_graph(nodes, "accumulate_from_file",
+                              [_io("INPUT", f32), _io("STATE_IN", f32)],
+                              [_io("OUTPUT", f32), _io("STATE_OUT", f32)])
+    state = ('  { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 '
+             'dims: [ 1 ] initial_state: { data_type: TYPE_FP32 dims: [ 1 ] '
+             'data_file: "start.bin" name: "hundred" } }')
+    write_model(root, "accumulate_from_file", graph,
+                _config("accumulate_from_file", [], [state], "TYPE_FP32"))
+    (root / "accumulate_from_file" / "initial_state").mkdir()
+    (root / "accumulate_from_file" / "initial_state" / "start.bin").write_bytes(
+        np.array([100.0], "<f4").tobytes())
+
+
+_BUILDERS = {"simple_sequence": _simple_sequence, "simple_dyna_sequence": _simple_dyna_sequence,
+             "simple_string_dyna_sequence": _string_dyna_sequence, "accumulate": _accumulate,
+             "accumulate_from_file": _accumulate_from_file}
+
+
+def build_one(root: Path, name: str) -> None:
+    """One of the models, by name."""
+    _BUILDERS[name](root)
+
+
 def build(root: Path) -> Path:
-    _simple_sequence(root)
-    _simple_dyna_sequence(root)
-    _string_dyna_sequence(root)
-    _accumulate(root)
+    for builder in _BUILDERS.values():
+        builder(root)
     return root

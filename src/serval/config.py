@@ -173,13 +173,15 @@ class SequenceControl(_Strict):
 
 
 class SequenceState(_Strict):
-    """Implicit state: the server feeds `input_name` (zeros on a sequence's start) and keeps
-    `output_name` after each step, per sequence."""
+    """Implicit state: the server feeds `input_name` (the initial state on a sequence's start:
+    zeros, or `initial_file`'s values) and keeps `output_name` after each step, per sequence."""
 
     input_name: str = Field(min_length=1)
     output_name: str = Field(min_length=1)
     datatype: DatatypeName
     dims: list[int] = Field(description="fixed sizes, without the batch axis")
+    initial_file: str | None = Field(None, description="a file in the model's initial_state/ "
+                                     "folder holding the initial state (else zeros)")
 
     @field_validator("dims")
     @classmethod

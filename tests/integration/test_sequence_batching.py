@@ -175,6 +175,25 @@ def test_oldest_strategy_accumulates_and_bounds_candidates(server: RunningServer
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_sequence_starts_from_the_initial_state_in_its_data_file(
+        server: RunningServer, transport: str) -> None:
+    """initial_state { data_file: "start.bin" } (FP32 100): each new sequence's sum starts
+    there, and a START of a live sequence goes back to it."""
+    client = _client(server, transport)
+    base = 500 if transport == "http" else 600
+    value = np.ones((1, 1), np.float32)
+    model = "accumulate_from_file"
+    assert _infer(client, transport, model, "INPUT", value, sequence_id=base,
+                  sequence_start=True)[0][0] == 101.0
+    assert _infer(client, transport, model, "INPUT", 2 * value, sequence_id=base + 1,
+                  sequence_start=True)[0][0] == 102.0
+    assert _infer(client, transport, model, "INPUT", 3 * value, sequence_id=base)[0][0] == 104.0
+    assert _infer(client, transport, model, "INPUT", value, sequence_id=base + 1,
+                  sequence_start=True, sequence_end=True)[0][0] == 101.0
+    _infer(client, transport, model, "INPUT", value, sequence_id=base, sequence_end=True)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_idle_sequence_is_freed_and_late_requests_fail(server: RunningServer,
                                                        transport: str) -> None:
     client = _client(server, transport)

@@ -17,7 +17,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from tests import fixture_models
+from tests import fixture_models, triton_sequence_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call
 
@@ -242,6 +242,8 @@ def explicit_server(server_factory: Callable[..., RunningServer],
     fixture_models.parse_int(root, "warm_up_fails")
     fixture_models.triton_config(root, "warm_up_fails", WITH_WARMUP)
     _warm_from_files(root, "warm_file_short", 15 * 4)
+    triton_sequence_models.build_one(root, "accumulate_from_file")
+    (root / "accumulate_from_file" / "initial_state" / "start.bin").write_bytes(b"\0" * 3)
     return server_factory(root, "--model-control", "explicit")
 
 
@@ -276,6 +278,14 @@ def test_a_warm_up_from_data_files_runs_and_a_short_file_refuses_the_load(
         httpclient.InferenceServerClient(explicit_server.url).load_model("warm_file_short")
     assert ("model_warmup 'from files' input 'INPUT0': input_data_file 'in0': FP32 shape "
             "[16] needs 64 bytes, it has 60") in str(failed.value)  # inputs in name order
+
+
+def test_a_short_initial_state_file_refuses_the_load(explicit_server: RunningServer) -> None:
+    for client in _clients(explicit_server):
+        with pytest.raises(InferenceServerException) as failed:
+            client.load_model("accumulate_from_file")  # type: ignore[attr-defined]
+        assert ("state 'STATE_IN': initial_state data_file 'start.bin': FP32 shape [1] needs "
+                "4 bytes, it has 3") in str(failed.value)
 
 
 def test_declared_dims_are_served_and_reshaped_for_the_engine(

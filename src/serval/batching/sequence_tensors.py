@@ -4,6 +4,7 @@ and the model as clients see it, with those tensors hidden."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,18 +111,31 @@ def _corrid(row: Row | None, datatype: str) -> object:
     return str(row.flags.id) if datatype == "BYTES" else row.flags.id
 
 
-def state_inputs(settings: SequenceBatchingConfig, rows: list[Row | None], batched: bool
-                 ) -> TensorDict:
-    """Each state input for the batch: the row's kept state, zeros on a start row or an empty
-    slot (the initial state)."""
+def initial_states(settings: SequenceBatchingConfig, given: Mapping[str, np.ndarray]
+                   ) -> TensorDict:
+    """Each state input's initial state with a batch axis of 1: `given` (by state input name,
+    shaped as the state), else zeros."""
+    initial: TensorDict = {}
+    for state in settings.states:
+        dims = tuple(state.dims)
+        value = given.get(state.input_name)
+        initial[state.input_name] = (np.zeros((1, *dims), numpy_dtype(state.datatype))
+                                     if value is None else value.reshape((1, *dims)))
+    return initial
+
+
+def state_inputs(settings: SequenceBatchingConfig, rows: list[Row | None], batched: bool,
+                 initial: TensorDict) -> TensorDict:
+    """Each state input for the batch: the row's kept state, the initial state (initial_states)
+    on a start row or an empty slot."""
     tensors: TensorDict = {}
     for state in settings.states:
-        dtype, dims = numpy_dtype(state.datatype), tuple(state.dims)
+        dims = tuple(state.dims)
         parts = []
         for row in rows:
             kept = None if row is None or row.flags.start or row.state is None else (
                 row.state.get(state.input_name))
-            parts.append(kept if kept is not None else np.zeros((1, *dims), dtype))
+            parts.append(kept if kept is not None else initial[state.input_name])
         array = np.concatenate(parts) if len(parts) > 1 else parts[0]
         tensors[state.input_name] = array if batched else array.reshape(dims)
     return tensors

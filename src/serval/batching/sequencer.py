@@ -31,6 +31,7 @@ from serval.batching.sequence_tensors import (
     Row,
     check_corrid,
     control_tensors,
+    initial_states,
     padded_inputs,
     row_states,
     state_inputs,
@@ -53,8 +54,10 @@ class Sequencer:
     def __init__(self, engine: LoadedModel, settings: SequenceBatchingConfig,
                  stats: ModelStats, *, instances: int = 1,
                  executor: ThreadPoolExecutor | None = None,
+                 initial: TensorDict | None = None,
                  clock: Clock = time.perf_counter_ns) -> None:
         self._engine, self._settings, self._stats, self._clock = engine, settings, stats, clock
+        self._initial = initial_states(settings, initial or {})
         self._takes_requests = isinstance(engine, RequestModel)
         self._state_outputs = tuple(state.output_name for state in settings.states)
         max_batch = engine.metadata.max_batch_size
@@ -244,7 +247,7 @@ class Sequencer:
         rows = batch_rows(picked, self._settings.strategy, self._max_rows)
         filled = [None if s is None else Row(by_id[s.id].flags, s.state) for s in rows]
         server = control_tensors(self._settings.controls, filled, self._batched)
-        server.update(state_inputs(self._settings, filled, self._batched))
+        server.update(state_inputs(self._settings, filled, self._batched, self._initial))
         if self._takes_requests:
             await self._run_requests(rows, by_id, server, now_ns)
             return

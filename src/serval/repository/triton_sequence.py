@@ -1,12 +1,12 @@
 """config.pbtxt's `sequence_batching` as Serval's sequence_batching settings (pure functions):
 direct or oldest strategy, idle time, control inputs (START, END, READY, CORRID) and implicit
-state with zero initial state."""
+state, its initial state zeros or a data file."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from serval.config import SequenceBatchingConfig, SequenceControl
+from serval.config import SequenceBatchingConfig, SequenceControl, SequenceState
 from serval.errors import ConfigError
 from serval.protocol.dtypes import from_config_type, lookup
 from serval.protocol.grpc import model_config_pb2 as mc
@@ -21,7 +21,7 @@ SEQUENCE_SUPPORTED: dict[str, Any] = {
     "control_input": {"name": None, "control": _CONTROL},
     "state": {"input_name": None, "output_name": None, "data_type": None, "dims": None,
               "initial_state": {"name": None, "data_type": None, "dims": None,
-                                "zero_data": None}},
+                                "zero_data": None, "data_file": None}},
 }
 _KINDS = {mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: "start",
           mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: "end",
@@ -75,15 +75,21 @@ def _control(item: mc.ModelSequenceBatching.ControlInput, where: str, source: st
 
 
 def _state(item: mc.ModelSequenceBatching.State, where: str, source: str) -> dict[str, Any]:
-    for initial in item.initial_state:
-        if initial.WhichOneof("state_data") != "zero_data":
-            raise ConfigError(f"{source}: {where}: initial_state takes zero_data only in "
-                              "Serval (data_file is not supported)")
     if any(d < 1 for d in item.dims):
         raise ConfigError(f"{source}: {where}: dims {list(item.dims)} must be fixed sizes "
                           "(Serval keeps fixed-size states)")
-    return {"input_name": item.input_name, "output_name": item.output_name,
-            "datatype": _datatype(item.data_type, where, source), "dims": list(item.dims)}
+    state = {"input_name": item.input_name, "output_name": item.output_name,
+             "datatype": _datatype(item.data_type, where, source), "dims": list(item.dims)}
+    if len(item.initial_state) > 1:
+        raise ConfigError(f"{source}: {where}: give at most one initial_state")
+    for initial in item.initial_state:
+        if initial.data_type not in (mc.TYPE_INVALID, item.data_type) or (
+                initial.dims and list(initial.dims) != list(item.dims)):
+            raise ConfigError(f"{source}: {where}: initial_state '{initial.name}' must have "
+                              f"the state's data_type and dims {list(item.dims)}")
+        if initial.WhichOneof("state_data") == "data_file":
+            state["initial_file"] = initial.data_file
+    return state
 
 
 def _datatype(value: int, where: str, source: str) -> str:
@@ -112,10 +118,18 @@ def triton_sequence_batching(settings: SequenceBatchingConfig) -> dict[str, Any]
         "max_sequence_idle_microseconds": int(settings.max_sequence_idle_ms * 1000),
         "control_input": [{"name": control.name, "control": [_triton_control(control)]}
                           for control in settings.controls],
-        "state": [{"input_name": state.input_name, "output_name": state.output_name,
-                   "data_type": lookup(state.datatype).config, "dims": state.dims}
-                  for state in settings.states],
+        "state": [_triton_state(state) for state in settings.states],
     }
+
+
+def _triton_state(state: SequenceState) -> dict[str, Any]:
+    data_type = lookup(state.datatype).config
+    shown: dict[str, Any] = {"input_name": state.input_name, "output_name": state.output_name,
+                             "data_type": data_type, "dims": state.dims}
+    if state.initial_file is not None:
+        shown["initial_state"] = [{"name": "initial", "data_type": data_type,
+                                   "dims": state.dims, "data_file": state.initial_file}]
+    return shown
 
 
 def _triton_control(control: SequenceControl) -> dict[str, Any]:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from serval.backends.base import LoadedModel
-from serval.config import WarmupInput, WarmupSample
-from serval.errors import ConfigError, InvalidInput
-from serval.protocol.bytes_tensor import tensor_from_raw
+from serval.config import WarmupSample
+from serval.errors import ConfigError
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
+from serval.repository.data_files import read_sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,6 @@ class WarmupRequest:
 
 
 WARMUP_FOLDER = "warmup"
-MAX_FILE_BYTES = 1 << 30  # one warm-up input's data file
 
 
 def warmup_requests(samples: list[WarmupSample], batching: bool, model_dir: Path,
@@ -43,7 +42,8 @@ def warmup_requests(samples: list[WarmupSample], batching: bool, model_dir: Path
             shape = ((sample.batch_size,) if batching else ()) + tuple(spec.dims)
             if spec.data == "file":
                 where = f"model_warmup '{sample.name}' input '{name}'"
-                one = _from_file(model_dir, spec, where)
+                one = read_sample(model_dir, WARMUP_FOLDER, spec.file or "", spec.datatype,
+                                  spec.dims, f"{where}: input_data_file")
                 inputs[name] = np.repeat(one[None], sample.batch_size, 0) if batching else one
             else:
                 inputs[name] = _array(spec.datatype, shape, spec.data == "random", rng)
@@ -79,24 +79,3 @@ def _array(datatype: str, shape: tuple[int, ...], random: bool,
     if dtype.kind == "b":
         return rng.integers(0, 2, shape).astype(dtype)
     return rng.integers(0, 100, shape).astype(dtype)
-
-
-def _from_file(model_dir: Path, spec: WarmupInput, where: str) -> np.ndarray:
-    """One sample of an input, read from its data file (never from outside warmup/)."""
-    folder = (model_dir / WARMUP_FOLDER).resolve()
-    path = (folder / (spec.file or "")).resolve()
-    if folder not in path.parents or not path.is_file():
-        raise ConfigError(f"{where}: input_data_file '{spec.file}': no such file in the "
-                          f"model's {WARMUP_FOLDER}/ folder")
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(f"{where}: input_data_file '{spec.file}' has {size} bytes; at most "
-                          f"{MAX_FILE_BYTES} are read")
-    data = path.read_bytes()
-    try:
-        return tensor_from_raw(data, 0, len(data), spec.datatype, tuple(spec.dims), "x",
-                               size_source="it has")
-    except InvalidInput as exc:  # "input 'x': what is wrong"
-        raise ConfigError(f"{where}: input_data_file '{spec.file}': "
-                          f"{exc.message.split(': ', 1)[1]} (one sample of dims {spec.dims})"
-                          ) from None

@@ -14,6 +14,7 @@ from serval.batching.sequence_tensors import (
     check_corrid,
     check_sequence_model,
     control_tensors,
+    initial_states,
     padded_inputs,
     row_states,
     state_inputs,
@@ -63,11 +64,14 @@ def test_controls_fill_each_row_and_empty_slots() -> None:
     assert strings["C"].ravel().tolist() == ["abc", "0"]
 
 
-def test_state_is_zero_on_start_and_kept_otherwise() -> None:
+def test_state_is_initial_on_start_and_kept_otherwise() -> None:
     kept = {"h_in": np.array([[1.0, 2.0]], np.float32)}
     rows = [Row(SequenceFlags(1), kept), Row(SequenceFlags(2, start=True), kept), None]
-    tensors = state_inputs(SETTINGS, rows, batched=True)
-    assert tensors["h_in"].tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]]
+    tensors = state_inputs(SETTINGS, rows, True, initial_states(SETTINGS, {}))
+    assert tensors["h_in"].tolist() == [[1.0, 2.0], [0.0, 0.0], [0.0, 0.0]]  # zeros
+    from_file = initial_states(SETTINGS, {"h_in": np.array([9.0, 8.0], np.float32)})
+    tensors = state_inputs(SETTINGS, rows, True, from_file)
+    assert tensors["h_in"].tolist() == [[1.0, 2.0], [9.0, 8.0], [9.0, 8.0]]
     outputs = {"h_out": np.array([[5.0, 6.0], [7.0, 8.0]], np.float32)}
     state = row_states(SETTINGS, outputs, 1, batched=True)
     outputs["h_out"][1] = 0  # a copy, not a view of the batch's output

@@ -50,6 +50,13 @@ def test_every_sequence_field_maps(tmp_path: Path) -> None:
                                              datatype="FP32", dims=[2, 3])]
 
 
+def test_an_initial_state_data_file_is_named_for_the_load(tmp_path: Path) -> None:
+    text = FULL.replace("zero_data: true", 'data_file: "h0.bin"')
+    settings = _map(text, tmp_path).sequence_batching
+    assert settings is not None
+    assert settings.states[0].initial_file == "h0.bin"
+
+
 def test_defaults_are_triton_s(tmp_path: Path) -> None:
     settings = _map("max_batch_size: 4\nsequence_batching { }", tmp_path).sequence_batching
     assert settings is not None
@@ -70,8 +77,11 @@ def test_defaults_are_triton_s(tmp_path: Path) -> None:
     ('sequence_batching { state [ { input_name: "a" output_name: "b" data_type: TYPE_FP32 '
      "dims: [ -1 ] } ] }", "fixed sizes"),
     ('sequence_batching { state [ { input_name: "a" output_name: "b" data_type: TYPE_FP32 '
-     'dims: [ 1 ] initial_state { data_type: TYPE_FP32 dims: [ 1 ] data_file: "f" } } ] }',
-     "data_file"),
+     'dims: [ 1 ] initial_state { data_type: TYPE_FP32 dims: [ 2 ] data_file: "f" } } ] }',
+     "must have the state's data_type and dims [1]"),
+    ('sequence_batching { state [ { input_name: "a" output_name: "b" data_type: TYPE_FP32 '
+     'dims: [ 1 ] initial_state [ { zero_data: true }, { data_file: "f" } ] } ] }',
+     "at most one initial_state"),
 ])
 def test_what_serval_cannot_honour_is_named(tmp_path: Path, text: str, named: str) -> None:
     with pytest.raises(ConfigError, match="cfg: ") as refused:
@@ -95,7 +105,9 @@ def test_settings_shown_in_tritons_form_read_back_the_same() -> None:
                   SequenceControl(name="R", kind="ready", datatype="INT32", false_true=(5, 6)),
                   SequenceControl(name="C", kind="corrid", datatype="BYTES")],
         states=[SequenceState(input_name="h_in", output_name="h_out", datatype="FP32",
-                              dims=[2, 3])])
+                              dims=[2, 3]),
+                SequenceState(input_name="c_in", output_name="c_out", datatype="INT32",
+                              dims=[4], initial_file="c0.bin")])
     shown = json_format.ParseDict(triton_sequence_batching(settings),
                                   mc.ModelSequenceBatching())
     assert SequenceBatchingConfig(**sequence_settings(shown, "test")) == settings

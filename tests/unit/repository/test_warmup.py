@@ -11,7 +11,7 @@ from serval.backends.base import ModelMetadata
 from serval.config import WarmupSample
 from serval.errors import ConfigError
 from serval.protocol.types import TensorDict
-from serval.repository import warmup
+from serval.repository import data_files
 from serval.repository.warmup import run_warmup, warmup_requests
 
 pytestmark = pytest.mark.unit
@@ -108,7 +108,7 @@ def test_a_data_file_outside_the_warmup_folder_is_never_read(tmp_path: Path) -> 
 
 def test_a_data_file_past_the_bound_is_refused_unread(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(warmup, "MAX_FILE_BYTES", 16)
+    monkeypatch.setattr(data_files, "MAX_FILE_BYTES", 16)
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "x.bin").write_bytes(b"\x00" * 24)  # the right size, too large
     with pytest.raises(ConfigError, match=r"input_data_file 'x\.bin' has 24 bytes; at most 16"):
