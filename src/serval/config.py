@@ -33,7 +33,8 @@ class _Strict(BaseModel):
 
 
 class QueuePolicy(_Strict):
-    """One queue's rules: its size bound and the timeout of requests that set none."""
+    """One queue's rules: its size bound, the timeout of requests that set none, and what a
+    request past its timeout gets."""
 
     max_queue_size: int = Field(
         4096, ge=1, description="requests waiting beyond this are refused with 429"
@@ -42,6 +43,9 @@ class QueuePolicy(_Strict):
         0.0, ge=0.0, description="a request without a deadline gets this one; 0: none")
     allow_timeout_override: bool = Field(
         True, description="false: default_timeout_ms applies even to requests that set one")
+    timeout_action: Literal["reject", "delay"] = Field(
+        "reject", description="past its timeout a queued request is refused (504), or with "
+        "delay waits behind its level's requests still within theirs")
 
 
 class BatchingConfig(QueuePolicy):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ output [
   { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
 ]
 dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100
-                   priority_levels: 2 default_priority_level: 2 }
+                   priority_levels: 2 default_priority_level: 2
+                   priority_queue_policy { key: 1 value: {
+                     timeout_action: DELAY default_timeout_microseconds: 1
+                     allow_timeout_override: false } } }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 version_policy: { latest: { num_versions: 1 } }
 parameters { key: "origin" value: { string_value: "triton" } }
@@ -286,6 +290,25 @@ def test_a_short_initial_state_file_refuses_the_load(explicit_server: RunningSer
             client.load_model("accumulate_from_file")  # type: ignore[attr-defined]
         assert ("state 'STATE_IN': initial_state data_file 'start.bin': FP32 shape [1] needs "
                 "4 bytes, it has 3") in str(failed.value)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_requests_past_a_delay_timeout_are_answered_not_refused(
+        triton_server: RunningServer, transport: str) -> None:
+    """Priority 1 of `simple` times out after 1 µs with timeout_action DELAY: every request
+    is past it before a batch takes it, and each is answered (REJECT would refuse them)."""
+    module = httpclient if transport == "http" else grpcclient
+
+    def client_run(seed: int) -> None:
+        client = (httpclient.InferenceServerClient(triton_server.url) if transport == "http"
+                  else grpcclient.InferenceServerClient(triton_server.grpc_url))
+        for _ in range(10):
+            inputs, a, b = _inputs(module, 1 + seed % 3)
+            result = client.infer("simple", inputs, priority=1)  # type: ignore[attr-defined]
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(client_run, range(6)))
 
 
 def test_declared_dims_are_served_and_reshaped_for_the_engine(

@@ -32,6 +32,7 @@ from serval.batching.priority import (
     level_rules,
     priority_level,
     queue_rule,
+    queue_timeout,
 )
 from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
@@ -70,7 +71,7 @@ class Batcher:
 
     With `priority_levels` (batching/priority.py) requests wait by level, each level under
     its own rule (`priority_rules`, else the default: max_queue_size, default_timeout_ms,
-    allow_timeout_override), and batches take earlier levels first.
+    allow_timeout_override, delay_on_timeout), and batches take earlier levels first.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class Batcher:
         preferred_batch_sizes: tuple[int, ...] = (),
         default_timeout_ms: float = 0.0,
         allow_timeout_override: bool = True,
+        delay_on_timeout: bool = False,
         priority_levels: int = 0,
         default_priority_level: int = 1,
         priority_rules: Mapping[int, QueueRule] | None = None,
@@ -99,10 +101,13 @@ class Batcher:
         self._max_rows = max(1, max_batch)
         self._max_delay_ns = int(max_queue_delay_ms * 1_000_000)
         self._preferred = tuple(sorted(set(preferred_batch_sizes)))
-        default_rule = queue_rule(max_queue_size, default_timeout_ms, allow_timeout_override)
+        default_rule = queue_rule(max_queue_size, default_timeout_ms, allow_timeout_override,
+                                  delay_on_timeout)
         self._levels, self._default_level = priority_levels, default_priority_level
         self._rules = level_rules(priority_levels, default_rule, priority_rules or {})
-        self._leveled = LeveledQueue(priority_levels) if priority_levels else None
+        self._delaying = any(rule.delay for rule in self._rules)
+        self._leveled = (LeveledQueue(len(self._rules)) if priority_levels or self._delaying
+                         else None)
         self._queue: RequestQueue = self._leveled if self._leveled is not None else deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
@@ -140,15 +145,14 @@ class Batcher:
         level = 1 if not self._levels else priority_level(
             request.parameters.get("priority") if request else None, self._levels,
             self._default_level)
-        rule = self._rules[level - 1]
-        if rule.default_timeout_ns and (deadline_ns is None or not rule.allow_override):
-            deadline_ns = self._clock() + rule.default_timeout_ns
+        deadline_ns, delay_at_ns = queue_timeout(self._rules[level - 1], deadline_ns,
+                                                 self._clock())
         self.check_capacity(deadline_ns, level)
         rows = _batch_rows(inputs) if self._batching else 1
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         pending = PendingRequest(
             inputs, rows, signature_of(inputs), future, self._clock(), deadline_ns, request,
-            level)
+            level, delay_at_ns)
         self._queue.append(pending)
         self._queued_rows += rows
         self._idle.clear()
@@ -161,7 +165,7 @@ class Batcher:
         the queue ahead of it and the measured batch times (see policy.expected_wait_ns).
         `level` None: not known yet (before decoding), judged as the first level's, and
         with priority levels no size bound is checked."""
-        if self._leveled is None:
+        if self._leveled is None or not self._levels:
             self._check_size(len(self._queue), self._rules[0].max_size, "")
         elif level is not None:
             self._check_size(self._leveled.waiting(level), self._rules[level - 1].max_size,
@@ -221,6 +225,8 @@ class Batcher:
                 await self._wakeup.wait()
                 free_ns = self._clock()
                 continue
+            if self._delaying and self._leveled is not None:
+                self._leveled.delay_expired(self._clock())
             delay_ns = dispatch_delay_ns(
                 self._queue, self._queued_rows, self._max_rows, self._max_delay_ns, self._clock(),
                 self._preferred,

@@ -24,6 +24,8 @@ class PendingRequest:
     deadline_ns: int | None = None
     request: InferRequest | None = None  # the client's request (engines that take requests)
     level: int = 1  # its priority level (batching/priority.py), 1 without levels
+    delay_at_ns: int | None = None  # under a DELAY rule: when it moves behind the others
+    delayed: bool = False  # it has (priority.LeveledQueue.delay_expired)
 
 
 class RequestQueue(Protocol):

@@ -76,10 +76,12 @@ class VersionContext:
             preferred_batch_sizes=tuple(batching.preferred_batch_sizes),
             default_timeout_ms=batching.default_timeout_ms,
             allow_timeout_override=batching.allow_timeout_override,
+            delay_on_timeout=batching.timeout_action == "delay",
             priority_levels=batching.priority_levels,
             default_priority_level=batching.default_priority_level,
             priority_rules={level: queue_rule(rule.max_queue_size, rule.default_timeout_ms,
-                                              rule.allow_timeout_override)
+                                              rule.allow_timeout_override,
+                                              rule.timeout_action == "delay")
                             for level, rule in batching.priority_queues.items()},
             executor=self._executor,
         ))

@@ -14,7 +14,7 @@ dynamic_batching -> batching (preferred_batch_size, max_queue_delay_microseconds
 levels; preserve_ordering holds already: each request has its own answer, and a stream's
 answers of a model that is not decoupled go out in request order;
 default_queue_policy: max_queue_size, default_timeout_microseconds, allow_timeout_override,
-timeout_action REJECT); instance_group counts -> instances (one engine session/thread each;
+timeout_action); instance_group counts -> instances (one engine session/thread each;
 KIND_GPU -> device cuda[:N]; a rate_limiter is not applied, as Triton without --rate-limit);
 version_policy; model_warmup (zero_data, random_data, input_data_file) -> warmup;
 parameters -> parameters (string values); label_filename -> labels;
@@ -314,7 +314,7 @@ def _batching(batching: mc.ModelDynamicBatching, source: str) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "preferred_batch_sizes": list(batching.preferred_batch_size),
         "max_queue_delay_ms": batching.max_queue_delay_microseconds / 1000,
-        **_queue_policy(batching.default_queue_policy, "default_queue_policy", source),
+        **_queue_policy(batching.default_queue_policy),
     }
     if not batching.HasField("default_queue_policy"):
         del settings["allow_timeout_override"]  # Serval's default: a request's own holds
@@ -326,7 +326,7 @@ def _batching(batching: mc.ModelDynamicBatching, source: str) -> dict[str, Any]:
                               f"must be within 1..{batching.priority_levels} (the "
                               "priority_levels)")
         settings["priority_queues"] = {
-            level: _queue_policy(policy, f"priority_queue_policy[{level}]", source)
+            level: _queue_policy(policy)
             for level, policy in batching.priority_queue_policy.items()}
     elif batching.priority_queue_policy:
         raise ConfigError(f"{source}: field 'dynamic_batching.priority_queue_policy' needs "
@@ -334,14 +334,13 @@ def _batching(batching: mc.ModelDynamicBatching, source: str) -> dict[str, Any]:
     return settings
 
 
-def _queue_policy(queue: mc.ModelQueuePolicy, where: str, source: str) -> dict[str, Any]:
+def _queue_policy(queue: mc.ModelQueuePolicy) -> dict[str, Any]:
     """A queue policy as QueuePolicy settings (a max_queue_size of 0, Triton's "no bound",
     leaves Serval's default bound)."""
-    if queue.timeout_action != mc.ModelQueuePolicy.REJECT:
-        raise ConfigError(f"{source}: field 'dynamic_batching.{where}.timeout_action' DELAY "
-                          "is not supported by Serval (a request past its timeout is refused)")
     settings: dict[str, Any] = {"default_timeout_ms": queue.default_timeout_microseconds / 1000,
-                                "allow_timeout_override": queue.allow_timeout_override}
+                                "allow_timeout_override": queue.allow_timeout_override,
+                                "timeout_action": "delay" if queue.timeout_action
+                                == mc.ModelQueuePolicy.DELAY else "reject"}
     if queue.max_queue_size > 0:
         settings["max_queue_size"] = queue.max_queue_size
     return settings

@@ -536,3 +536,38 @@ def test_priority_levels_run_earlier_levels_first_each_under_its_own_bound(
     seen = [[float(row[0]) for row in batch["x"]] for batch in model.batches]
     assert seen == [[float(features(seed)[0, 0]) for seed in batch]
                     for batch in ([0], [3, 1], [2, 5])]
+
+
+def test_under_delay_a_request_past_its_timeout_runs_after_the_others(tmp_path: Path) -> None:
+    """timeout_action DELAY: behind a busy engine, a request queues, its 1 µs default timeout
+    passes (injected clock), two more queue; batches of two take the two first, then the
+    late one, which is answered, not refused."""
+    fixture_models.linear(tmp_path, name="linear", config="max_batch_size: 2\n")
+    config = load_model_config(tmp_path / "linear" / "config.yaml")
+    spec = ModelVersionSpec("linear", "1", tmp_path / "linear" / "1", config)
+    model = Gated(OnnxRuntimeBackend(cores=1).load(spec))
+    now = [5_000]
+
+    async def main() -> list[TensorDict]:
+        batcher = Batcher(model, ModelStats("linear", "1"), clock=lambda: now[0],
+                          default_timeout_ms=0.001, delay_on_timeout=True)
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(0)}))
+            await model.busy()
+            late = asyncio.create_task(batcher.infer({"x": features(1)}))
+            await asyncio.sleep(0)
+            now[0] += 2_000  # past its timeout
+            others = [asyncio.create_task(batcher.infer({"x": features(seed)}))
+                      for seed in (2, 3)]
+            await asyncio.sleep(0)
+            model.open()
+            return [await first, await late, *await asyncio.gather(*others)]
+        finally:
+            await batcher.close()
+
+    answers = asyncio.run(main())
+    assert len(answers) == 4
+    seen = [[float(row[0]) for row in batch["x"]] for batch in model.batches]
+    assert seen == [[float(features(seed)[0, 0]) for seed in batch]
+                    for batch in ([0], [2, 3], [1])]

@@ -90,14 +90,16 @@ def test_priority_levels_and_their_queue_policies_map(tmp_path: Path) -> None:
     config = _map("max_batch_size: 8 dynamic_batching { priority_levels: 3 "
                   "default_priority_level: 2 default_queue_policy { max_queue_size: 9 } "
                   "priority_queue_policy { key: 1 value: { max_queue_size: 2 "
-                  "default_timeout_microseconds: 5000 allow_timeout_override: true } } }",
+                  "default_timeout_microseconds: 5000 allow_timeout_override: true "
+                  "timeout_action: DELAY } } }",
                   tmp_path)
     batching = config.batching
     assert (batching.priority_levels, batching.default_priority_level) == (3, 2)
     assert batching.max_queue_size == 9 and not batching.allow_timeout_override
+    assert batching.timeout_action == "reject"
     first = batching.priority_queues[1]
-    assert (first.max_queue_size, first.default_timeout_ms, first.allow_timeout_override) == (
-        2, 5.0, True)
+    assert (first.max_queue_size, first.default_timeout_ms, first.allow_timeout_override,
+            first.timeout_action) == (2, 5.0, True, "delay")
     assert list(batching.priority_queues) == [1]  # other levels follow the default policy
 
 
@@ -147,13 +149,8 @@ def test_gpu_instances_run_on_that_gpu(tmp_path: Path) -> None:
      "field 'sequence_batching.iterative_sequence'"),
     ("dynamic_batching { priority_levels: 2 }",
      "field 'dynamic_batching.default_priority_level' must be within 1..2"),
-    ("dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy "
-     "{ key: 2 value: { timeout_action: DELAY } } }",
-     "'dynamic_batching.priority_queue_policy[2].timeout_action' DELAY"),
     ("dynamic_batching { priority_queue_policy { key: 1 value: { max_queue_size: 4 } } }",
      "'dynamic_batching.priority_queue_policy' needs priority_levels"),
-    ("dynamic_batching { default_queue_policy { timeout_action: DELAY } }",
-     "timeout_action"),
     ("backend: 'python' input [ { name: 'x' data_type: TYPE_FP32 dims: [1] "
      "reshape: { shape: [] } } ]", "field 'reshape'"),
     ("input [ { name: 'x' data_type: TYPE_FP32 dims: [1] optional: true } ]",
