@@ -55,7 +55,7 @@ def in_process_steps_per_s(repository: Path, pool: np.ndarray, sequences: int,
     from serval.backends.base import ModelVersionSpec
     from serval.backends.onnxruntime import OnnxRuntimeBackend
     from serval.batching.sequencer import Sequencer
-    from serval.config import load_model_config
+    from serval.model_config import load_model_config
     from serval.protocol.types import InferRequest
     from serval.stats import ModelStats
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serval.config import load_model_config
+from serval.model_config import load_model_config
 from tests import fixture_models
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from serval.config import ModelConfig, ServerConfig, check_node_name, load_model_config
+from serval.config import ServerConfig, check_node_name
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig, load_model_config
 
 pytestmark = pytest.mark.unit
 
@@ -119,7 +120,7 @@ def test_invalid_setting_names_the_file_and_the_field(tmp_path: Path, text: str,
 )
 def test_version_policy_selects_versions(policy: dict[str, object],
                                          expected: tuple[str, ...]) -> None:
-    from serval.config import VersionPolicy
+    from serval.model_config import VersionPolicy
 
     assert VersionPolicy.model_validate(policy).select(("1", "2", "3")) == expected
 

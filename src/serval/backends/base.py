@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from serval.config import ModelConfig
 from serval.errors import ConfigError, ServalError
+from serval.model_config import ModelConfig
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 
 

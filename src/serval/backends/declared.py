@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from serval.backends.base import ModelMetadata, ModelVersionSpec
-from serval.config import TensorConfig
 from serval.errors import ConfigError
+from serval.model_config import TensorConfig
 from serval.protocol.types import TensorSpec
 
 

@@ -19,8 +19,8 @@ from serval.backends.base import (
 )
 from serval.backends.engine import EngineBackend
 from serval.backends.probe import ENGINE_BOUND_MS, fastest_call_ms, zeros_batch1
-from serval.config import ModelConfig, OnnxRuntimeConfig
 from serval.errors import ConfigError, EngineRejectedInput
+from serval.model_config import ModelConfig, OnnxRuntimeConfig
 from serval.protocol.dtypes import from_onnx_type
 from serval.protocol.types import TensorDict, TensorSpec
 

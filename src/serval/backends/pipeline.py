@@ -13,7 +13,6 @@ import time
 
 from serval.backends.base import ModelMetadata, ModelVersionSpec, ServeContext, Served
 from serval.backends.declared import declared_metadata
-from serval.config import PipelineStep
 from serval.errors import (
     BackendError,
     ConfigError,
@@ -26,6 +25,7 @@ from serval.errors import (
     ServalError,
     ServerUnavailable,
 )
+from serval.model_config import PipelineStep
 from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
 
 log = logging.getLogger(__name__)

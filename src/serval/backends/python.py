@@ -37,8 +37,8 @@ from serval.backends.triton_python import (
     load_triton_model,
     provide_utils,
 )
-from serval.config import ModelConfig
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig
 from serval.protocol.types import TensorDict
 
 MODEL_FILE = "model.py"

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from serval.backends.base import ModelMetadata, ModelVersionSpec
-from serval.config import TensorConfig, VersionPolicy
 from serval.errors import ConfigError
+from serval.model_config import TensorConfig, VersionPolicy
 from serval.protocol.dtypes import CONFIG_DATATYPES, from_config_type, lookup
 from serval.protocol.types import TensorSpec
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from serval.backends.base import LoadedModel, ModelMetadata
 from serval.batching.sequence_policy import SequenceFlags, SequenceId
-from serval.config import SequenceBatchingConfig, SequenceControl
 from serval.errors import ConfigError, InvalidInput
+from serval.model_config import SequenceBatchingConfig, SequenceControl
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
 

@@ -36,8 +36,8 @@ from serval.batching.sequence_tensors import (
     row_states,
     state_inputs,
 )
-from serval.config import SequenceBatchingConfig
 from serval.errors import BackendError, InvalidInput, Overloaded, ServalError, ServerUnavailable
+from serval.model_config import SequenceBatchingConfig
 from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from serval.backends.base import ModelMetadata
-from serval.config import ModelConfig
+from serval.model_config import ModelConfig
 from serval.protocol.dtypes import lookup
 from serval.protocol.types import TensorSpec
 from serval.repository.triton_sequence import triton_sequence_batching

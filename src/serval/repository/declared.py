@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from serval.backends.base import LoadedModel, ModelMetadata
-from serval.config import ModelConfig, TensorConfig
 from serval.errors import ConfigError, EngineRejectedInput
+from serval.model_config import ModelConfig, TensorConfig
 from serval.protocol.types import TensorDict, TensorSpec
 
 # Engines whose model files describe their own tensors; the others serve what the config says.

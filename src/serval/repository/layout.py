@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serval.backends.base import ModelVersionSpec
-from serval.config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
 from serval.errors import ConfigError
+from serval.model_config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
 from serval.repository.store import SERVING_FILE
 from serval.repository.triton_config import PBTXT_FILE, load_pbtxt
 

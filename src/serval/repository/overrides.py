@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from serval.backends.base import ModelVersionSpec
-from serval.config import ModelConfig, TransportLimits
+from serval.config import TransportLimits
 from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound, ModelNotReady
+from serval.model_config import ModelConfig
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import ModelDirectory, scan_model
 from serval.repository.store import serving_version

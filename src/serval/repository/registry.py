@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from serval.backends.base import Backend
-from serval.config import PipelineStep, server_default
+from serval.config import server_default
 from serval.errors import ConfigError, LoadFailed, ModelNotFound, ModelNotReady, ServalError
+from serval.model_config import PipelineStep
 from serval.repository.context import StepPath, StepRouter
 from serval.repository.layout import scan_model, scan_repository, version_signature
 from serval.repository.loader import Source, VersionLoader

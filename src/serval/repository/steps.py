@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from serval.config import PipelineStep
 from serval.errors import ConfigError, ModelNotFound
+from serval.model_config import PipelineStep
 from serval.repository.overrides import LoadOverride, model_directory
 from serval.repository.served import ModelState, ServedModel
 

@@ -35,8 +35,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from pydantic import ValidationError
 
-from serval.config import ModelConfig
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig
 from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.declared import SELF_DESCRIBING

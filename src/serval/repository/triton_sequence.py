@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serval.config import SequenceBatchingConfig, SequenceControl, SequenceState
 from serval.errors import ConfigError
+from serval.model_config import SequenceBatchingConfig, SequenceControl, SequenceState
 from serval.protocol.dtypes import from_config_type, lookup
 from serval.protocol.grpc import model_config_pb2 as mc
 

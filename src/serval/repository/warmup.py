@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from serval.backends.base import LoadedModel
-from serval.config import WarmupSample
 from serval.errors import ConfigError
+from serval.model_config import WarmupSample
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
 from serval.repository.data_files import read_sample

@@ -13,8 +13,8 @@ from onnx import TensorProto
 from serval.backends import onnxruntime as onnxruntime_backend
 from serval.backends.base import ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend, rejected_input
-from serval.config import ModelConfig
 from serval.errors import EngineRejectedInput, ErrorCode
+from serval.model_config import ModelConfig
 from tests import fixture_models
 
 pytestmark = pytest.mark.unit

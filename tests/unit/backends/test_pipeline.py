@@ -6,7 +6,6 @@ import pytest
 
 from serval.backends.base import ModelMetadata
 from serval.backends.pipeline import in_step
-from serval.config import PipelineStep
 from serval.errors import (
     BackendError,
     DeadlineExceeded,
@@ -17,6 +16,7 @@ from serval.errors import (
     Overloaded,
     ServalError,
 )
+from serval.model_config import PipelineStep
 from serval.protocol.types import TensorSpec
 
 pytestmark = pytest.mark.unit

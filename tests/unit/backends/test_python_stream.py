@@ -13,8 +13,8 @@ import pytest
 from serval.backends.base import ModelResponse, ModelVersionSpec, StreamRequest
 from serval.backends.python import PythonBackend
 from serval.backends.python_stream import GeneratorModel
-from serval.config import load_model_config
 from serval.errors import BackendError
+from serval.model_config import load_model_config
 from serval.protocol.types import InferRequest
 from tests import triton_decoupled_models as models
 

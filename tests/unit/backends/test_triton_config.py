@@ -15,8 +15,8 @@ from serval.backends.triton_config import (
     metadata_from_config,
     triton_model_config,
 )
-from serval.config import ModelConfig
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig
 
 pytestmark = pytest.mark.unit
 

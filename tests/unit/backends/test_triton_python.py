@@ -13,8 +13,8 @@ import pytest
 from serval.backends.base import ModelResponse, ModelVersionSpec, RequestModel, StreamRequest
 from serval.backends.python import PythonBackend
 from serval.backends.triton_python import TritonModel, defines_triton_model
-from serval.config import load_model_config
 from serval.errors import BackendError, ConfigError, EngineRejectedInput
+from serval.model_config import load_model_config
 from serval.protocol.types import InferRequest, RequestedOutput
 from tests import triton_python_models as models
 

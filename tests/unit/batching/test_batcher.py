@@ -17,7 +17,6 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.backends.python import PythonBackend
 from serval.batching.batcher import ADMISSION_HEADROOM, Batcher
 from serval.batching.priority import QueueRule
-from serval.config import load_model_config
 from serval.errors import (
     BackendError,
     DeadlineExceeded,
@@ -25,6 +24,7 @@ from serval.errors import (
     Overloaded,
     ServerUnavailable,
 )
+from serval.model_config import load_model_config
 from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
 from tests import fixture_models, triton_python_models

@@ -15,8 +15,8 @@ from serval.backends.base import ModelResponse, ModelVersionSpec
 from serval.backends.python import PythonBackend
 from serval.batching.batcher import Batcher
 from serval.batching.responses import ResponseChannel, stream_responses
-from serval.config import load_model_config
 from serval.errors import DeadlineExceeded
+from serval.model_config import load_model_config
 from serval.protocol.types import InferRequest
 from serval.stats import ModelStats
 from tests import triton_python_models as models

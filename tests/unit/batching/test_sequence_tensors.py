@@ -19,8 +19,8 @@ from serval.batching.sequence_tensors import (
     row_states,
     state_inputs,
 )
-from serval.config import SequenceBatchingConfig, SequenceControl, SequenceState
 from serval.errors import ConfigError, InvalidInput
+from serval.model_config import SequenceBatchingConfig, SequenceControl, SequenceState
 from serval.protocol.types import TensorDict, TensorSpec
 
 pytestmark = pytest.mark.unit

@@ -71,7 +71,7 @@ def test_verdict_says_when_the_default_is_good_enough() -> None:
 
 
 def test_trial_config_becomes_a_model_config() -> None:
-    from serval.config import ModelConfig
+    from serval.model_config import ModelConfig
 
     trial = TrialConfig(intra_op_threads=1, max_batch_size=8, max_queue_delay_ms=2.0,
                         instances=2, version="1")

@@ -9,8 +9,8 @@ import pydantic
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2  # Triton's own (serval's twin clashes)
 
-from serval.config import TensorConfig
 from serval.errors import InvalidInput
+from serval.model_config import TensorConfig
 from serval.protocol.dtypes import (
     DATATYPES,
     NUMERIC_DATATYPES,

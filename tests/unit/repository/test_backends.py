@@ -10,7 +10,7 @@ import typing
 import pytest
 
 from serval.backends.base import BackendOptions
-from serval.config import ModelConfig
+from serval.model_config import ModelConfig
 from serval.repository.backends import BACKENDS, BackendTable
 
 pytestmark = pytest.mark.unit

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from serval.backends.base import ModelMetadata
-from serval.config import ModelConfig
 from serval.errors import ConfigError, EngineRejectedInput
+from serval.model_config import ModelConfig
 from serval.protocol.types import TensorDict, TensorSpec
 from serval.repository.declared import as_declared, fits
 

@@ -9,8 +9,8 @@ import pytest
 
 from serval.backends.base import ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.config import SequenceControl
 from serval.errors import ConfigError
+from serval.model_config import SequenceControl
 from serval.repository.sequences import serve_sequences
 from serval.repository.triton_config import load_pbtxt
 from serval.stats import ModelStats

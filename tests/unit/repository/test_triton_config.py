@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from serval.config import ModelConfig
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import scan_model
 from serval.repository.triton_config import (

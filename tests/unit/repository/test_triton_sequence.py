@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from serval.config import ModelConfig, SequenceControl, SequenceState
 from serval.errors import ConfigError
+from serval.model_config import ModelConfig, SequenceControl, SequenceState
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.triton_config import to_model_config
 
@@ -94,7 +94,7 @@ def test_settings_shown_in_tritons_form_read_back_the_same() -> None:
     Triton's schema and map back onto the same settings."""
     from google.protobuf import json_format
 
-    from serval.config import SequenceBatchingConfig
+    from serval.model_config import SequenceBatchingConfig
     from serval.repository.triton_sequence import sequence_settings, triton_sequence_batching
 
     settings = SequenceBatchingConfig(

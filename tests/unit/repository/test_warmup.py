@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from serval.backends.base import ModelMetadata
-from serval.config import WarmupSample
 from serval.errors import ConfigError
+from serval.model_config import WarmupSample
 from serval.protocol.types import TensorDict
 from serval.repository import data_files
 from serval.repository.warmup import run_warmup, warmup_requests

@@ -1,0 +1,282 @@
+"""A model's validated configuration: config.yaml (and config.pbtxt mapped onto it) as
+ModelConfig, with its batching, queue, engine, tensor, warm-up and sequence settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from serval.errors import ConfigError
+from serval.protocol.dtypes import DatatypeName
+
+MODEL_CONFIG_FILE = "config.yaml"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
+
+
+class Strict(BaseModel):
+    """Settings that refuse unknown fields and never change once read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueuePolicy(Strict):
+    """One queue's rules: its size bound, the timeout of requests that set none, and what a
+    request past its timeout gets."""
+
+    max_queue_size: int = Field(
+        4096, ge=1, description="requests waiting beyond this are refused with 429"
+    )
+    default_timeout_ms: float = Field(
+        0.0, ge=0.0, description="a request without a deadline gets this one; 0: none")
+    allow_timeout_override: bool = Field(
+        True, description="false: default_timeout_ms applies even to requests that set one")
+    timeout_action: Literal["reject", "delay"] = Field(
+        "reject", description="past its timeout a queued request is refused (504), or with "
+        "delay waits behind its level's requests still within theirs")
+
+
+class BatchingConfig(QueuePolicy):
+    """How requests are merged into engine batches (the queue policy: every level's default)."""
+
+    max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    priority_levels: int = Field(0, ge=0, le=1000, description="1 (served first) .. N; 0: none")
+    default_priority_level: int = Field(1, ge=1, description="for requests that give none")
+    priority_queues: dict[int, QueuePolicy] = Field(default_factory=dict)  # by level
+
+    @model_validator(mode="after")
+    def _levels_exist(self) -> BatchingConfig:
+        levels = self.priority_levels
+        if levels and not self.default_priority_level <= levels:
+            raise ValueError(f"default_priority_level must be within 1..{levels}")
+        if any(not 1 <= level <= levels for level in self.priority_queues):
+            raise ValueError(f"priority_queues are keyed by a level within 1..{levels}")
+        return self
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _positive_sizes(cls, sizes: list[int]) -> list[int]:
+        if any(size < 1 for size in sizes):
+            raise ValueError("preferred batch sizes must be >= 1")
+        return sorted(set(sizes))
+
+
+class VersionPolicy(Strict):
+    """Which version folders serve: the `latest` N (default 1), `all`, or `specific` ones."""
+
+    latest: int | None = Field(None, ge=1)
+    all: bool = False
+    specific: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_choice(self) -> VersionPolicy:
+        chosen = [self.latest is not None, self.all, self.specific is not None]
+        if sum(chosen) > 1:
+            raise ValueError("choose one of latest, all, specific")
+        return self
+
+    def select(self, versions: tuple[str, ...]) -> tuple[str, ...]:
+        """The versions (numeric strings, oldest first) this policy serves."""
+        if self.all:
+            return versions
+        if self.specific is not None:
+            wanted = {str(v) for v in self.specific}
+            return tuple(v for v in versions if v in wanted)
+        return versions[-(self.latest or 1):]
+
+
+class OnnxRuntimeConfig(Strict):
+    """ONNX Runtime session options (None = Serval's core-aware default)."""
+
+    intra_op_threads: int | None = Field(None, ge=1)
+    inter_op_threads: int | None = Field(None, ge=1)
+    graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
+    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    execution_providers: list[str | tuple[str, dict[str, str]]] | None = Field(
+        None, description="names, or [name, {option: value}]; unset: by device")
+    memory_arena: bool | None = None  # unset: ONNX Runtime's default (on)
+    memory_pattern: bool | None = None  # unset: ONNX Runtime's default (on)
+    session_entries: dict[str, str] = Field(default_factory=dict)  # session config keys
+    run_entries: dict[str, str] = Field(default_factory=dict)  # run config keys
+    allow_spinning: bool | None = Field(
+        None, description="unset: on where one batch-1 call takes >= 2 ms (measured at load)")
+
+
+class TensorConfig(Strict):
+    """A declared input or output: v2 datatype and dims (without the batch axis, as Triton)."""
+
+    name: str = Field(min_length=1)
+    datatype: DatatypeName
+    dims: list[int] = Field(default_factory=list)
+    reshape: list[int] | None = Field(
+        None, description="config.pbtxt: the dims the engine sees (clients send dims)")
+    optional: bool = Field(False, description="an input requests may leave out (python models)")
+
+    @field_validator("dims")
+    @classmethod
+    def _valid_dims(cls, dims: list[int]) -> list[int]:
+        if any(d == 0 or d < -1 for d in dims):
+            raise ValueError("dims are positive sizes or -1 (any size)")
+        return dims
+
+
+class PipelineStep(Strict):
+    """One step: a repository model, and how tensor names map into and out of it."""
+
+    model: str = Field(min_length=1)
+    version: str | None = None
+    inputs: dict[str, str] = Field(description="step input name -> pipeline tensor name")
+    outputs: dict[str, str] = Field(description="step output name -> pipeline tensor name")
+
+
+class WarmupInput(Strict):
+    """One input of a warm-up request: its datatype, dims (without the batch axis) and data."""
+
+    datatype: DatatypeName
+    dims: list[int] = Field(default_factory=list)
+    data: Literal["zero", "random", "file"] = "zero"
+    file: str | None = Field(None, description="data: file; a file in the model's warmup/")
+
+    @model_validator(mode="after")
+    def _file_with_file_data(self) -> WarmupInput:
+        if (self.data == "file") != (self.file is not None):
+            raise ValueError("data: file goes with file: NAME (a file in the model's warmup/)")
+        return self
+
+
+class WarmupSample(Strict):
+    """A warm-up request run `count` times before the version serves (Triton's model_warmup)."""
+
+    name: str = Field(min_length=1)
+    batch_size: int = Field(1, ge=1)
+    count: int = Field(1, ge=1)
+    inputs: dict[str, WarmupInput]
+
+
+class SequenceControl(Strict):
+    """A control input the server fills per batch row (Triton's control_input): start, end,
+    ready as `false_true` values of `datatype`; corrid as the sequence id (UINT64 or BYTES)."""
+
+    name: str = Field(min_length=1)
+    kind: Literal["start", "end", "ready", "corrid"]
+    datatype: DatatypeName = "INT32"
+    false_true: tuple[float, float] = (0.0, 1.0)
+
+
+class SequenceState(Strict):
+    """Implicit state: the server feeds `input_name` (the initial state on a sequence's start:
+    zeros, or `initial_file`'s values) and keeps `output_name` after each step, per sequence."""
+
+    input_name: str = Field(min_length=1)
+    output_name: str = Field(min_length=1)
+    datatype: DatatypeName
+    dims: list[int] = Field(description="fixed sizes, without the batch axis")
+    initial_file: str | None = Field(None, description="a file in the model's initial_state/ "
+                                     "folder holding the initial state (else zeros)")
+
+    @field_validator("dims")
+    @classmethod
+    def _fixed_dims(cls, dims: list[int]) -> list[int]:
+        if any(d < 1 for d in dims):
+            raise ValueError("state dims are fixed positive sizes")
+        return dims
+
+
+class SequenceBatchingConfig(Strict):
+    """Stateful models: requests of one sequence (sequence_id) run in order, one row per
+    sequence per batch, each sequence holding a slot from its start to its end or idle time."""
+
+    strategy: Literal["direct", "oldest"] = "direct"
+    max_sequence_idle_ms: float = Field(1000.0, gt=0.0)
+    max_candidate_sequences: int | None = Field(
+        None, ge=1, description="oldest: sequences holding state at once; None: the slots")
+    max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
+    controls: list[SequenceControl] = Field(default_factory=list)
+    states: list[SequenceState] = Field(default_factory=list)
+
+
+class ModelConfig(Strict):
+    """What config.yaml beside a model's version directories may say."""
+
+    backend: Literal["onnxruntime", "openvino", "pytorch", "python", "pipeline"] = "onnxruntime"
+    max_batch_size: int | None = Field(
+        None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
+    )
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    sequence_batching: SequenceBatchingConfig | None = Field(
+        None, description="stateful models: sequences batched by slot (Triton's)")
+    instances: int = Field(1, ge=1, le=64)
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    onnxruntime: OnnxRuntimeConfig = Field(default_factory=OnnxRuntimeConfig)
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="pytorch on CUDA: run the model in half or bfloat16 precision"
+    )
+    inputs: list[TensorConfig] = Field(
+        default_factory=list, description="required where the model file does not describe them"
+    )
+    outputs: list[TensorConfig] = Field(default_factory=list)
+    steps: list[PipelineStep] = Field(default_factory=list, description="backend: pipeline")
+    isolation: Literal["none", "process"] = Field(
+        "none", description="process: the engine runs in a child process, restarted on a crash"
+    )
+    warmup: list[WarmupSample] = Field(
+        default_factory=list, description="requests run once loaded; none: no warm-up (Triton)")
+    labels: dict[str, list[str]] = Field(
+        default_factory=dict, description="output name -> class labels (label_filename)")
+    parameters: dict[str, str] = Field(default_factory=dict,
+                                       description="free settings a backend may read")
+    response_cache: bool = Field(
+        False, description="answer repeated requests from the server's response cache "
+        "(--cache-config); not for sequence models")
+    triton: dict[str, Any] | None = Field(
+        None, description="config.pbtxt as Triton's JSON form (set by the repository)")
+
+    @model_validator(mode="after")
+    def _cacheable(self) -> ModelConfig:
+        if self.response_cache and self.sequence_batching is not None:
+            raise ValueError("response_cache is not supported for sequence models (each "
+                             "answer depends on the sequence's state)")
+        return self
+
+    @model_validator(mode="after")
+    def _optional_inputs(self) -> ModelConfig:
+        if any(tensor.optional for tensor in self.outputs):
+            raise ValueError("optional is for inputs (a model returns every output)")
+        optional = [tensor.name for tensor in self.inputs if tensor.optional]
+        if optional and self.backend != "python":
+            raise ValueError(f"input '{optional[0]}' is optional: optional inputs are "
+                             "supported for python models only")
+        return self
+
+
+def load_model_config(path: Path, override: dict[str, object] | None = None) -> ModelConfig:
+    """Read and validate a config.yaml (missing: all defaults), then apply an override."""
+    if not path.exists() and not override:
+        return ModelConfig()
+    raw = _read_yaml(path) if path.exists() else {}
+    try:
+        return ModelConfig.model_validate({**raw, **(override or {})})
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_first_problem(exc)}") from None
+
+
+def _read_yaml(path: Path) -> dict[str, object]:
+    try:
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a YAML mapping of settings")
+    return raw
+
+
+def _first_problem(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        problems.append(f"field '{field}': {error['msg']}")
+    return "; ".join(problems)
