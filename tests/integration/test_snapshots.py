@@ -74,7 +74,7 @@ def test_a_corrupted_version_is_refused_never_served(
     _publish_linears(tmp_path, repository, [2])
     (repository / "clf" / "2" / "model.onnx").write_bytes(b"tampered")
     reply = call(server.url, "POST", "/v2/repository/models/clf/load")
-    assert reply.status == 503 and "does not match its manifest" in reply.error
+    assert reply.status == 400 and "does not match its manifest" in reply.error
     assert _version(server) == "1"
     verify = _serval("repo", "verify", "--repository", str(repository))
     assert verify.returncode == 1 and "version 2: corrupted" in verify.stdout
