@@ -106,6 +106,38 @@ def test_calls_gathered_together_run_together(bls_server: RunningServer, transpo
     assert result.as_numpy("OUTPUT0").tolist() == [[4.0] * 16]
 
 
+def _square(server: RunningServer, transport: str, model: str, n: int) -> tuple[int, int]:
+    module = httpclient if transport == "http" else grpcclient
+    tensor = module.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([n], np.int32))
+    result = _client(server, transport).infer(model, [tensor])
+    return int(result.as_numpy("SUM")[0]), int(result.as_numpy("COUNT")[0])
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_streamed_call_iterates_a_decoupled_models_responses(bls_server: RunningServer,
+                                                                 transport: str) -> None:
+    """exec(decoupled=True) on square_int32: n responses, then the final one without
+    outputs (n + 1 in all, as Triton); gathered async_exec(decoupled=True) calls too."""
+    assert _square(bls_server, transport, "bls_square_sum", 4) == (16, 5)
+    assert _square(bls_server, transport, "bls_square_sum", 0) == (0, 1)
+    assert _square(bls_server, transport, "bls_square_sum_async", 3) == (18, 8)
+
+
+def test_a_cancelled_streamed_call_ends_with_a_cancelled_error(bls_server: RunningServer
+                                                                ) -> None:
+    cancelled, seen = _square(bls_server, "grpc", "bls_square_cancel", 100_000)
+    assert cancelled == 1 and 1 <= seen < 100_000
+    assert _square(bls_server, "http", "bls_square_sum", 2) == (4, 3)  # the model goes on
+
+
+def test_a_streamed_call_to_a_model_that_is_not_decoupled_gets_one_response(
+        bls_server: RunningServer) -> None:
+    a, b = _pair()
+    result = _client(bls_server, "http").infer("bls_stream_plain", _inputs(httpclient, a, b))
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+
+
 def test_concurrent_clients_each_get_their_own_answer(bls_server: RunningServer) -> None:
     """Batches of bls_sync, each request calling out on its own: nothing is mixed up."""
     errors: list[BaseException] = []

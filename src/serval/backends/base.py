@@ -4,7 +4,7 @@ batch) and the registry batches it; a composite (a pipeline) runs other models' 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -136,6 +136,14 @@ class ModelCaller(Protocol):
 
     def __call__(self, model: str, version: str | None, request: InferRequest,
                  timeout_s: float | None, abandon: threading.Event) -> TensorDict: ...
+
+    def stream(self, model: str, version: str | None, request: InferRequest,
+               timeout_s: float | None, abandon: threading.Event, cancelled: threading.Event
+               ) -> Iterator[tuple[TensorDict | ServalError, bool]]:
+        """The model's responses, each with its final flag (a decoupled model's as it sends
+        them; another model's one answer); ends early, without a final one, once `cancelled`
+        or `abandon` is set."""
+        ...
 
 
 class ServeContext(Protocol):

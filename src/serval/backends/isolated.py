@@ -119,15 +119,17 @@ class IsolatedModel:
             if self._conn is None:  # the background restart failed; try once more
                 self._restart_locked()
             assert self._conn is not None
+            calls = bls.ParentCalls(self._conn, self.caller, self.label, self.abandon,
+                                    self._send_lock)
             try:
                 with self._send_lock:
                     send(self._conn)
-                status, detail = self._conn.recv()
-                while status == bls.CALL:  # the model runs inference on another one
-                    bls.answer_call_later(self._conn, detail, self.caller, self.label,
-                                          self.abandon, self._send_lock, bls.spawn_thread)
-                    status, detail = self._conn.recv()
+                message = self._conn.recv()
+                while calls.handle(message):  # the model runs inference on other models
+                    message = self._conn.recv()
+                status, detail = message
                 received = receive(self._conn, detail) if status == "ok" else None
+                calls.wait_idle()  # every call answered before the next batch goes down
             except (EOFError, OSError) as exc:
                 raise self._crashed() from exc
         return status, detail, received
@@ -350,10 +352,11 @@ def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
 
 
 def serve_child(conn: Connection, model: LoadedModel) -> None:
-    bls.install(bls.ChildChannel(conn))  # execute() reads its BLS replies itself
+    channel = bls.ChildChannel(conn)  # execute()'s calls read their replies themselves
+    bls.install(channel)
     while True:
         try:
-            kind, _ = message = conn.recv()
+            kind, _ = message = channel.receive()  # a late call's reply goes to it
         except (EOFError, OSError):
             return  # the parent is gone
         if kind == _STOP:

@@ -105,7 +105,6 @@ class StreamPipe:
                  model: IsolatedModel | None = None) -> None:
         self.conn = conn
         self._on_lost = on_lost
-        self._model = model  # whose BLS calls this pipe answers
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # the tables below
         self._streams: dict[int, ResponseSink] = {}
@@ -113,6 +112,9 @@ class StreamPipe:
         self._ids = itertools.count(1)
         self._control: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._closed = False
+        self._calls = bls.ParentCalls(  # answered on threads: responses go on meanwhile
+            conn, model.caller if model else None, model.label if model else "this model",
+            model.abandon if model else threading.Event(), self._send_lock)
         threading.Thread(target=self._read, daemon=True, name="serval-stream-reader").start()
         self._writer = threading.Thread(target=self._write_control, daemon=True,
                                         name="serval-stream-control")
@@ -175,13 +177,8 @@ class StreamPipe:
                     self._route(message[1], recv_response(self.conn, message[2], message[3]))
                 elif message[0] == _EXECUTED:
                     self._finish(message[1], recv_results(self.conn, self.conn.recv()[1]))
-                elif message[0] == bls.CALL:  # answered on a thread: responses go on
-                    model = self._model
-                    bls.answer_call_later(
-                        self.conn, message[1], model.caller if model else None,
-                        model.label if model else "this model",
-                        model.abandon if model else threading.Event(), self._send_lock,
-                        bls.spawn_thread)
+                elif self._calls.handle(message):  # a BLS call, or its cancel
+                    continue
                 else:  # _FAILED
                     self._finish(message[1], BackendError(
                         f"the model raised in its worker process: {message[2]}"))

@@ -166,27 +166,27 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return self._sender is not None and self._sender.is_cancelled()
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Run this request on its model (business logic scripting); the response carries
-        the outputs, or the error (never raised)."""
-        if decoupled:
-            raise TritonModelException("exec(decoupled=True) is not supported by Serval: "
-                                       "call a model that answers once per request")
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on its model (business logic scripting): its response, with the
+        outputs or the error (never raised); with `decoupled`, an iterator of the model's
+        responses as they come (ResponseIterator)."""
         channel = bls.current()
         if channel is None:
-            return InferenceResponse(error=TritonError(
+            error = InferenceResponse(error=TritonError(
                 "business logic scripting runs only inside execute()", TritonError.UNAVAILABLE))
+            return iter([error]) if decoupled else error
         version = None if self._model_version in (-1, None) else str(self._model_version)
-        answer = channel.call(
+        call_id = channel.start(
             self._model_name, version, {t.name(): t.as_numpy() for t in self._inputs},
             self._requested_output_names or None, json.loads(self._parameters or "{}"),
-            self._timeout_us)
-        if isinstance(answer, str):
-            return InferenceResponse(error=TritonError(answer))
-        return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
+            self._timeout_us, decoupled)
+        if decoupled:
+            return ResponseIterator(channel, call_id)
+        return _response(channel.next(call_id)[0])
 
-    def async_exec(self, decoupled: bool = False) -> Awaitable[InferenceResponse]:
-        """exec() on a thread, awaitable from an `async def execute`."""
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
+        """exec() on a thread, awaitable from an `async def execute` (with `decoupled`, the
+        iterator once the call is under way)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -199,6 +199,44 @@ class InferenceRequest:
                 "get_response_sender() is for decoupled models: set model_transaction_policy "
                 "{ decoupled: true } in the model's config")
         return self._sender
+
+
+class ResponseIterator:
+    """exec(decoupled=True)'s answer: the called model's responses, each as it comes, the last
+    one possibly without outputs (the final flag alone), as in Triton; one response for a
+    model that is not decoupled. cancel() stops the call: its last response is then an error
+    of code CANCELLED."""
+
+    def __init__(self, channel: bls.ChildChannel, call_id: int) -> None:
+        self._channel, self._id = channel, call_id
+        self._done = self._cancelled = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        answer, self._done = self._channel.next(self._id)
+        if self._cancelled and answer == bls.CANCELLED_TEXT:
+            return InferenceResponse(error=TritonError(answer, TritonError.CANCELLED))
+        return _response(answer)
+
+    def cancel(self) -> None:
+        if not self._done and not self._cancelled:
+            self._cancelled = True
+            self._channel.cancel(self._id)
+
+    def __del__(self) -> None:
+        if not self._done:  # left before its last response: stop it, ignore the rest
+            self._channel.cancel(self._id)
+            self._channel.drop(self._id)
+
+
+def _response(answer: bls.Answer) -> InferenceResponse:
+    if isinstance(answer, str):
+        return InferenceResponse(error=TritonError(answer))
+    return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
 
 
 class InferenceResponseSender:

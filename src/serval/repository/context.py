@@ -4,40 +4,19 @@ an engine loaded, warmed up and batched; a pipeline's steps run through the data
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
-import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
 from serval.batching.priority import queue_rule
-from serval.errors import ConfigError, InvalidInput, ServerUnavailable
-from serval.protocol.types import InferRequest, InferResponse, TensorDict
+from serval.errors import ConfigError
+from serval.protocol.types import InferRequest, InferResponse
+from serval.repository.bls_caller import LoopCaller
 from serval.repository.declared import as_declared
+from serval.repository.routes import StepRouter
 from serval.repository.sequences import serve_sequences
 from serval.repository.served import ServedModel
 from serval.repository.warmup import run_warmup
-
-ABANDON_POLL_S = 0.05  # how often a waiting BLS call looks whether its model is unloading
-# the data plane's per-model path: (model, version, request, received_ns, deadline_ns)
-StepPath = Callable[[str, str | None, InferRequest, int, int | None], Awaitable[InferResponse]]
-
-
-class StepRouter:
-    """Where pipeline steps go: the data plane's per-model path, once it routes them here."""
-
-    __slots__ = ("path",)
-
-    def __init__(self) -> None:
-        self.path: StepPath | None = None
-
-    async def run(self, name: str, version: str | None, request: InferRequest,
-                  deadline_ns: int | None) -> InferResponse:
-        if self.path is None:
-            raise ServerUnavailable("no data plane runs this server's pipeline steps")
-        return await self.path(name, version, request, time.perf_counter_ns(), deadline_ns)
 
 
 class VersionContext:
@@ -95,24 +74,5 @@ class VersionContext:
 
     def model_caller(self) -> ModelCaller:
         """A thread's way onto this event loop's data plane (Triton's BLS), for this version's
-        engine threads: a call to the version's own model is refused (its instances may all be
-        busy waiting on the call: a deadlock)."""
-        loop, steps, own = asyncio.get_running_loop(), self._steps, self._served.name
-
-        def call(model: str, version: str | None, request: InferRequest,
-                 timeout_s: float | None, abandon: threading.Event) -> TensorDict:
-            if model == own:
-                raise InvalidInput(f"model '{own}' cannot run inference on itself")
-            deadline_ns = None if timeout_s is None else (
-                time.perf_counter_ns() + int(timeout_s * 1e9))
-            future = asyncio.run_coroutine_threadsafe(
-                steps.run(model, version, request, deadline_ns), loop)
-            while True:
-                try:
-                    return future.result(ABANDON_POLL_S).outputs
-                except concurrent.futures.TimeoutError:
-                    if abandon.is_set():
-                        future.cancel()
-                        raise ServerUnavailable(f"model '{own}' is being unloaded") from None
-
-        return call
+        engine threads."""
+        return LoopCaller(asyncio.get_running_loop(), self._steps, self._served.name)

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from serval.backends.base import Backend
 from serval.errors import ConfigError
-from serval.repository.context import StepRouter, VersionContext
+from serval.repository.context import VersionContext
 from serval.repository.layout import ModelDirectory, version_bytes, version_signature
 from serval.repository.memory import MemoryKeeper
 from serval.repository.overrides import LoadOverride, version_spec
 from serval.repository.response_cache import ResponseCache
+from serval.repository.routes import StepRouter
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.store import verify_version
 from serval.stats import Histogram

@@ -21,7 +21,6 @@ from serval.backends.base import Backend
 from serval.config import server_default
 from serval.errors import ConfigError, LoadFailed, ModelNotFound, ModelNotReady, ServalError
 from serval.model_config import PipelineStep
-from serval.repository.context import StepPath, StepRouter
 from serval.repository.layout import scan_model, scan_repository, version_signature
 from serval.repository.loader import Source, VersionLoader
 from serval.repository.memory import MemoryKeeper
@@ -33,6 +32,7 @@ from serval.repository.overrides import (
     reload_plan,
 )
 from serval.repository.response_cache import ResponseCache
+from serval.repository.routes import StepPath, StepRouter, StreamPath
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import StepNotReady, check_no_loop, steps_of
 from serval.repository.table import DEFAULT_CONTROL, ModelControl, ModelTable
@@ -202,6 +202,10 @@ class ModelRegistry(ModelTable):
         """The per-model path a composite model (a pipeline) runs its steps through: the data
         plane's own, so a step is validated, batched and counted like a client's request."""
         self._steps.path = path
+
+    def route_streams(self, stream: StreamPath) -> None:
+        """How a BLS call with decoupled=True streams the called model's responses."""
+        self._steps.stream_path = stream
 
     # request path ----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import ipaddress
 import logging
@@ -38,6 +39,7 @@ from serval.server.http.ui.status import ServerStatus
 from serval.server.http.wire import ServerHeaders
 from serval.server.limits import TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
+from serval.server.streams import model_stream
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -83,6 +85,7 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
                           strict_readiness=config.strict_readiness,
                           shared_memory=shared_memory_registry(config),
                           logs=log_control(), tracer=Tracer(config.trace_file, config.trace))
+    registry.route_streams(functools.partial(model_stream, dataplane))  # BLS, decoupled=True
     await load_at_start(dataplane, config.load_models)
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)

@@ -88,6 +88,23 @@ async def infer_stream(dataplane: DataPlane, name: str, version: str | None,
                 served.stats.record_request(outcome, time.perf_counter_ns() - received_ns)
 
 
+async def model_stream(dataplane: DataPlane, name: str, version: str | None,
+                       request: InferRequest, deadline_ns: int | None
+                       ) -> AsyncGenerator[tuple[TensorDict | ServalError, bool], None]:
+    """A model's responses as a BLS call with decoupled=True iterates them (the registry's
+    StreamPath): a decoupled model's each with its final flag, any other model's one answer;
+    a ServalError when the request cannot run."""
+    received_ns = time.perf_counter_ns()
+    if not await is_decoupled(dataplane, name, version):
+        response = await dataplane.infer(name, version, request, received_ns, deadline_ns)
+        yield response.outputs, True
+        return
+    async with contextlib.aclosing(infer_stream(dataplane, name, version, request, received_ns,
+                                                deadline_ns)) as stream:
+        async for item in stream:
+            yield (item.error if item.error is not None else item.response.outputs), item.final
+
+
 def _refuse_shared_memory_outputs(request: InferRequest, name: str) -> None:
     """A decoupled model's responses each carry their outputs: a region would be overwritten
     by every response before the client could read it."""

@@ -1,10 +1,12 @@
 """BLS over a worker's pipe: a child's call reaches the parent's caller and its answer (outputs
 or error text) comes back, to its own caller however many call together: the callers read the
-pipe in turn, or a reader routes the replies."""
+pipe in turn, or a reader routes the replies. A streamed call (exec(decoupled=True)) gets each
+response with its final flag, and may be cancelled."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from multiprocessing import Pipe
 from typing import Any
 
@@ -12,14 +14,16 @@ import numpy as np
 import pytest
 
 from serval.backends import bls
-from serval.errors import BackendError, ModelNotFound
+from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.errors import BackendError, ModelNotFound, ServalError
 from serval.protocol.types import InferRequest, TensorDict
 
 pytestmark = pytest.mark.unit
 
 
 class Caller:
-    """The data plane's side, as a ModelCaller: doubles X of model 'twice'; others unknown."""
+    """The data plane's side, as a ModelCaller: doubles X of model 'twice'; streams X, 2X, 3X
+    from model 'count' (the last final), or from 'endless' until cancelled; others unknown."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str | None, InferRequest, float | None]] = []
@@ -33,17 +37,32 @@ class Caller:
             raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         return {"Y": request.inputs["X"] * 2, "TEXT": np.array([b"a", b"bc"], dtype=object)}
 
+    def stream(self, model: str, version: str | None, request: InferRequest,
+               timeout_s: float | None, abandon: threading.Event, cancelled: threading.Event
+               ) -> Iterator[tuple[TensorDict | ServalError, bool]]:
+        x = request.inputs["X"]
+        if model == "count":
+            for step in (1, 2, 3):
+                yield {"Y": x * step}, step == 3
+            return
+        if model == "endless":
+            step = 0
+            while not cancelled.wait(0.001):
+                step += 1
+                yield {"Y": x * step}, False
+            return
+        yield ModelNotFound(f"Request for unknown model: '{model}' is not found"), True
 
-def _parent(conn: Any, caller: Caller, calls: int) -> threading.Thread:
-    """What IsolatedModel._exchange does while a batch runs: answer the child's calls."""
-    send_lock = threading.Lock()
+
+def _parent(conn: Any, caller: Caller, messages: int) -> threading.Thread:
+    """What IsolatedModel._exchange does while a batch runs: answer the child's calls (and
+    cancels), each on a thread of its own."""
+    calls = bls.ParentCalls(conn, caller, "model 'm'", threading.Event(), threading.Lock())
 
     def serve() -> None:
-        for _ in range(calls):
-            kind, head = conn.recv()
-            assert kind == bls.CALL
-            bls.answer_call_later(conn, head, caller, "model 'm'", threading.Event(), send_lock,
-                                  bls.spawn_thread)
+        for _ in range(messages):
+            assert calls.handle(conn.recv())
+        calls.wait_idle()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -72,15 +91,17 @@ def test_a_call_and_its_reply_when_the_caller_reads_it() -> None:
     serving.join(5)
 
 
-def _answer_in_reverse(parent: Any, caller: Caller, calls: int) -> None:
-    """The parent's side, answering once every call is in: the last one first."""
+def _answer_in_reverse(parent: Any, calls: int) -> None:
+    """The parent's side, answering once every call is in, the last one first: call i
+    (id i + 1) gets Y = 2i."""
     heads = []
     for _ in range(calls):
-        _, head = parent.recv()
-        heads.append(bls.read_call(parent, head))
-    for head, inputs in reversed(heads):
-        bls.send_reply(parent, head[0], bls.run_call(caller, head, inputs, "m",
-                                                     threading.Event()))
+        kind, head = parent.recv()
+        assert kind == bls.CALL
+        heads.append((head, recv_tensors(parent)))
+    for head, _ in reversed(heads):
+        parent.send((bls.REPLY, (head[0], None, True)))
+        send_tensors(parent, {"Y": np.full(2, 2 * (head[0] - 1), np.int64)})
 
 
 def _call_together(channel: bls.ChildChannel, calls: int) -> dict[int, Any]:
@@ -90,9 +111,12 @@ def _call_together(channel: bls.ChildChannel, calls: int) -> dict[int, Any]:
         answers[index] = channel.call("twice", None, {"X": np.full(2, index, np.int64)},
                                       None, {}, 0)
 
-    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(calls)]
-    for thread in threads:
-        thread.start()
+    threads = []
+    for index in range(calls):  # ids 1, 2, ... in this order
+        threads.append(threading.Thread(target=call, args=(index,), daemon=True))
+        threads[-1].start()
+        while len(channel._waiting) <= index:
+            threads[-1].join(0.001)
     for thread in threads:
         thread.join(5)
     return answers
@@ -105,7 +129,7 @@ def test_calls_made_together_are_in_flight_together_and_each_gets_its_reply() ->
     child, parent = Pipe()
     channel = bls.ChildChannel(child)
     calls = 6
-    threading.Thread(target=_answer_in_reverse, args=(parent, Caller(), calls),
+    threading.Thread(target=_answer_in_reverse, args=(parent, calls),
                      daemon=True).start()
     answers = _call_together(channel, calls)
     assert {i: answer["Y"].tolist() for i, answer in answers.items()} == {
@@ -124,7 +148,7 @@ def test_replies_routed_by_a_reader_reach_each_waiting_thread() -> None:
             assert kind == bls.REPLY
             channel.deliver(reply)
 
-    threading.Thread(target=_answer_in_reverse, args=(parent, Caller(), calls),
+    threading.Thread(target=_answer_in_reverse, args=(parent, calls),
                      daemon=True).start()
     threading.Thread(target=reader, daemon=True).start()
     answers = _call_together(channel, calls)
@@ -132,18 +156,73 @@ def test_replies_routed_by_a_reader_reach_each_waiting_thread() -> None:
         i: [2 * i, 2 * i] for i in range(calls)}
 
 
+def test_a_streamed_call_gets_each_response_with_its_final_flag() -> None:
+    child, parent = Pipe()
+    serving = _parent(parent, Caller(), 2)
+    channel = bls.ChildChannel(child)
+    x = np.arange(3, dtype=np.int64)
+    call_id = channel.start("count", None, {"X": x}, None, {}, 0, stream=True)
+    answers = [channel.next(call_id) for _ in range(3)]
+    assert [(a["Y"].tolist(), final) for a, final in answers] == [
+        ([0, 1, 2], False), ([0, 2, 4], False), ([0, 3, 6], True)]
+    unknown = channel.start("nothing", None, {"X": x}, None, {}, 0, stream=True)
+    assert channel.next(unknown) == ("Request for unknown model: 'nothing' is not found", True)
+    serving.join(5)
+    assert not serving.is_alive()
+
+
+def test_a_cancelled_stream_ends_with_the_cancelled_error() -> None:
+    child, parent = Pipe()
+    serving = _parent(parent, Caller(), 2)  # the call, then its cancel
+    channel = bls.ChildChannel(child)
+    call_id = channel.start("endless", None, {"X": np.ones(1)}, None, {}, 0, stream=True)
+    first, final = channel.next(call_id)
+    assert isinstance(first, dict) and not final
+    channel.cancel(call_id)
+    while not final:
+        answer, final = channel.next(call_id)
+    assert answer == bls.CANCELLED_TEXT
+    serving.join(5)
+    assert not serving.is_alive()  # the parent's call ended: nothing left running
+
+
+def test_a_reply_arriving_after_execute_returned_reaches_its_caller() -> None:
+    """A call the model left running when its execute() returned: the child's main loop,
+    reading the pipe for the next batch, hands the late reply to the waiting caller and
+    returns the next batch message."""
+    child, parent = Pipe()
+    channel = bls.ChildChannel(child)
+    answers: list[Any] = []
+    late = threading.Thread(target=lambda: answers.append(
+        channel.call("twice", None, {"X": np.ones(1)}, None, {}, 0)), daemon=True)
+    late.start()
+    _, head = parent.recv()
+    recv_tensors(parent)  # its inputs
+    got: list[Any] = []
+    main_loop = threading.Thread(target=lambda: got.append(channel.receive()), daemon=True)
+    main_loop.start()
+    parent.send((bls.REPLY, (head[0], "done late", True)))
+    parent.send(("next-batch", None))
+    main_loop.join(5)
+    late.join(5)
+    assert got == [("next-batch", None)] and answers == ["done late"]
+
+
 def test_a_call_without_a_caller_and_calls_waiting_when_the_pipe_closes() -> None:
-    head = (1, "twice", None, None, {}, 0)
-    assert "not available" in str(bls.run_call(None, head, {}, "model 'm'", threading.Event()))
-    child, _parent_end = Pipe()
-    channel = bls.ChildChannel(child, routed=True)
+    child, parent = Pipe()
+    calls = bls.ParentCalls(parent, None, "model 'm'", threading.Event(), threading.Lock())
+    channel = bls.ChildChannel(child)
+    threading.Thread(target=lambda: calls.handle(parent.recv()), daemon=True).start()
+    assert "not available" in str(channel.call("twice", None, {}, None, {}, 0))
+    routed_end, _parent_end = Pipe()
+    routed = bls.ChildChannel(routed_end, routed=True)
     waiting: list[Any] = []
     thread = threading.Thread(target=lambda: waiting.append(
-        channel.call("twice", None, {"X": np.zeros(1)}, None, {}, 0)))
+        routed.call("twice", None, {"X": np.zeros(1)}, None, {}, 0)))
     thread.start()
-    while not channel._waiting:  # the call is sent and waits for its reply
+    while not routed._waiting:  # the call is sent and waits for its reply
         thread.join(0.01)
-    channel.close()
+    routed.close()
     thread.join(5)
     assert waiting == ["the server stopped serving this model"]
-    assert channel.call("twice", None, {}, None, {}, 0) == waiting[0]  # and any call after
+    assert routed.call("twice", None, {}, None, {}, 0) == waiting[0]  # and any call after
