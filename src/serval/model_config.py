@@ -229,6 +229,9 @@ class ModelConfig(Strict):
         default_factory=dict, description="output name -> class labels (label_filename)")
     parameters: dict[str, str] = Field(default_factory=dict,
                                        description="free settings a backend may read")
+    file_checksums: dict[str, str] = Field(
+        default_factory=dict, description="files of the model folder (relative path) and "
+        "their 'md5:<hex>', checked before each load (Triton's checksum repository agent)")
     response_cache: bool = Field(
         False, description="answer repeated requests from the server's response cache "
         "(--cache-config); not for sequence models")

@@ -4,6 +4,7 @@ config's JSON form, and load errors naming the field."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -100,7 +101,15 @@ BROKEN = {
         "execution providers ['OpenVINOExecutionProvider'] are not available"),
     "wrong_datatype": ('max_batch_size: 8\ninput [ { name: "INPUT0" data_type: TYPE_INT32 '
                        'dims: [ 16 ] } ]\n', "data_type INT32 in the config, the model has FP32"),
+    "checksum_mismatch": (
+        'max_batch_size: 8\nmodel_repository_agents { agents [ { name: "checksum" parameters '
+        '{ key: "MD5:1/model.onnx" value: "00000000000000000000000000000000" } } ] }\n',
+        "the checksum agent refuses the load: 1/model.onnx: MD5 is "),
+    "other_agent": ('max_batch_size: 8\nmodel_repository_agents { agents [ { name: "relocation" '
+                    '} ] }\n', "agent 'relocation' is not available in Serval"),
 }
+CHECKSUM = ('max_batch_size: 8\nmodel_repository_agents {{ agents [ {{ name: "checksum" '
+            'parameters {{ key: "MD5:1/model.onnx" value: "{}" }} }} ] }}\n')
 
 
 def _ensemble(root: Path) -> None:
@@ -246,6 +255,10 @@ def explicit_server(server_factory: Callable[..., RunningServer],
     fixture_models.parse_int(root, "warm_up_fails")
     fixture_models.triton_config(root, "warm_up_fails", WITH_WARMUP)
     _warm_from_files(root, "warm_file_short", 15 * 4)
+    fixture_models.add_sub(root, "checksum_match")
+    digest = hashlib.md5((root / "checksum_match" / "1" / "model.onnx").read_bytes(),
+                         usedforsecurity=False).hexdigest()
+    fixture_models.triton_config(root, "checksum_match", CHECKSUM.format(digest))
     triton_sequence_models.build_one(root, "accumulate_from_file")
     (root / "accumulate_from_file" / "initial_state" / "start.bin").write_bytes(b"\0" * 3)
     return server_factory(root, "--model-control", "explicit")
@@ -282,6 +295,16 @@ def test_a_warm_up_from_data_files_runs_and_a_short_file_refuses_the_load(
         httpclient.InferenceServerClient(explicit_server.url).load_model("warm_file_short")
     assert ("model_warmup 'from files' input 'INPUT0': input_data_file 'in0': FP32 shape "
             "[16] needs 64 bytes, it has 60") in str(failed.value)  # inputs in name order
+
+
+def test_a_model_whose_files_match_its_checksum_agent_loads(
+        explicit_server: RunningServer) -> None:
+    client = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+    client.load_model("checksum_match")
+    assert client.is_model_ready("checksum_match")
+    inputs, a, b = _inputs(grpcclient, 2)
+    result = client.infer("checksum_match", inputs)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
 
 
 def test_a_short_initial_state_file_refuses_the_load(explicit_server: RunningServer) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from serval.backends.base import Backend
 from serval.errors import ConfigError
+from serval.repository.checksums import verify_checksums
 from serval.repository.context import VersionContext
 from serval.repository.layout import ModelDirectory, version_bytes, version_signature
 from serval.repository.memory import MemoryKeeper
@@ -81,6 +82,10 @@ class VersionLoader:
         corrupted = await asyncio.to_thread(verify_version, spec.path)
         if corrupted:
             raise ConfigError(f"{spec.path} does not match its manifest: {', '.join(corrupted)}")
+        wrong = await asyncio.to_thread(verify_checksums, directory.path,
+                                        spec.config.file_checksums)
+        if wrong:
+            raise ConfigError(f"the checksum agent refuses the load: {'; '.join(wrong)}")
         await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
         serving = await backend.serve(spec, VersionContext(served, self._engine_pool,
                                                            self._steps))

@@ -39,6 +39,7 @@ from serval.errors import ConfigError
 from serval.model_config import ModelConfig
 from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
+from serval.repository.checksums import checksum_settings
 from serval.repository.declared import SELF_DESCRIBING
 from serval.repository.triton_onnxruntime import OPTIMIZATION_SUPPORTED, onnxruntime_settings
 from serval.repository.triton_sequence import SEQUENCE_SUPPORTED, sequence_settings
@@ -86,6 +87,7 @@ SUPPORTED: dict[str, Any] = {
     "optimization": OPTIMIZATION_SUPPORTED,
     "ensemble_scheduling": {"step": {"model_name": None, "model_version": None,
                                      "input_map": None, "output_map": None}},
+    "model_repository_agents": {"agents": {"name": None, "parameters": None}},
 }
 
 
@@ -137,6 +139,7 @@ def to_model_config(config: mc.ModelConfig, model_dir: Path, source: str,
         "steps": [_step(step) for step in config.ensemble_scheduling.step],
         "response_cache": config.response_cache.enable,
         **_instances(config, source),
+        **checksum_settings(config, source),
     }
     if config.HasField("dynamic_batching"):
         settings["batching"] = _batching(config.dynamic_batching, source)
