@@ -58,14 +58,14 @@ class LoopCaller:
         try:
             while not cancelled.is_set():  # else the stream ends without its final response
                 try:
-                    item = _wait(asyncio.run_coroutine_threadsafe(items.get(), self._loop),
-                                 (abandon, cancelled))
+                    taken = _wait(asyncio.run_coroutine_threadsafe(_take(items), self._loop),
+                                  (abandon, cancelled))
                 except _Stopped:
                     if abandon.is_set():
                         raise self._unloading() from None
                     return
-                yield item
-                if item[1]:
+                yield from taken
+                if taken[-1][1]:
                     return
         finally:
             self._loop.call_soon_threadsafe(pump.cancel)  # the model's request is cancelled
@@ -93,6 +93,14 @@ def _wait(future: concurrent.futures.Future[T], stops: tuple[threading.Event, ..
             if any(stop.is_set() for stop in stops):
                 future.cancel()
                 raise _Stopped from None
+
+
+async def _take(items: asyncio.Queue[Item]) -> list[Item]:
+    """The next item and every one queued behind it: one trip onto the loop for them all."""
+    taken = [await items.get()]
+    while not items.empty() and not taken[-1][1]:
+        taken.append(items.get_nowait())
+    return taken
 
 
 async def _pump(stream: AsyncIterator[Item], items: asyncio.Queue[Item]) -> None:
