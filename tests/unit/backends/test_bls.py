@@ -112,11 +112,11 @@ def _call_together(channel: bls.ChildChannel, calls: int) -> dict[int, Any]:
                                       None, {}, 0)
 
     threads = []
-    for index in range(calls):  # ids 1, 2, ... in this order
+    for index in range(calls):  # ids 1, 2, ... in this order: each waits for the one before
         threads.append(threading.Thread(target=call, args=(index,), daemon=True))
         threads[-1].start()
-        while len(channel._waiting) <= index:
-            threads[-1].join(0.001)
+        while len(channel._waiting) <= index and threads[-1].is_alive():
+            threads[-1].join(0.001)  # (the last call sent, all may be answered at once)
     for thread in threads:
         thread.join(5)
     return answers
