@@ -14,6 +14,7 @@ from serval.backends.base import ModelMetadata
 from serval.backends.validation import validate_request
 from serval.config import server_default
 from serval.errors import (
+    DecoupledUnary,
     InvalidInput,
     LoadFailed,
     ModelNotFound,
@@ -329,7 +330,7 @@ class DataPlane:
             try:
                 metadata = require_metadata(served)
                 if metadata.decoupled:  # Triton's words, then what to do
-                    raise UnsupportedCall(
+                    raise DecoupledUnary(
                         f"model '{name}' is decoupled (0..n responses per request): a unary "
                         "call (ModelInfer RPC, HTTP infer) doesn't support models with "
                         "decoupled transaction policy; use gRPC ModelStreamInfer")

@@ -51,6 +51,10 @@ class UnsupportedCall(InvalidInput):
     gRPC UNIMPLEMENTED (Triton's status for it)."""
 
 
+class DecoupledUnary(UnsupportedCall):
+    """A decoupled model asked through a unary call (it answers 0..n times per request)."""
+
+
 class ModelNotFound(ServalError):
     """No such model or version in the repository (HTTP 404)."""
 

@@ -74,6 +74,8 @@ def test_a_python_model_runs_the_model_it_names(bls_server: RunningServer, trans
 @pytest.mark.parametrize(("target", "says"), [
     ("undefined_model", "Request for unknown model: 'undefined_model' is not found"),
     ("bls_sync", "model 'bls_sync' cannot run inference on itself"),
+    ("square_int32", r"model 'square_int32' is decoupled \(0..n responses per request\): "
+                     r"call it with exec\(decoupled=True\)"),
 ])
 def test_a_failed_call_is_an_error_response_the_model_passes_on(
         bls_server: RunningServer, target: str, says: str) -> None:

@@ -13,7 +13,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import TypeVar
 
-from serval.errors import BackendError, InvalidInput, ServalError, ServerUnavailable
+from serval.errors import (
+    BackendError,
+    DecoupledUnary,
+    InvalidInput,
+    ServalError,
+    ServerUnavailable,
+)
 from serval.protocol.types import InferRequest, TensorDict
 from serval.repository.routes import StepRouter
 
@@ -38,6 +44,9 @@ class LoopCaller:
             return _wait(future, (abandon,)).outputs
         except _Stopped:
             raise self._unloading() from None
+        except DecoupledUnary:
+            raise InvalidInput(f"model '{model}' is decoupled (0..n responses per request): "
+                               "call it with exec(decoupled=True)") from None
 
     def stream(self, model: str, version: str | None, request: InferRequest,
                timeout_s: float | None, abandon: threading.Event, cancelled: threading.Event
