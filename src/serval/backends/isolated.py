@@ -78,6 +78,7 @@ class IsolatedModel:
         self._send_lock = threading.Lock()  # the batch's writes and its BLS replies' (threads)
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
+        self._calls: bls.ParentCalls | None = None  # the live child's BLS calls, answered
         self._closed = False
         self.restarts = 0
         self._metadata, self._memory_bytes, self.takes_requests = self._spawn()
@@ -118,9 +119,8 @@ class IsolatedModel:
                 raise ModelNotReady(f"{self.label} is unloaded")
             if self._conn is None:  # the background restart failed; try once more
                 self._restart_locked()
-            assert self._conn is not None
-            calls = bls.ParentCalls(self._conn, self.caller, self.label, self.abandon,
-                                    self._send_lock)
+            assert self._conn is not None and self._calls is not None
+            calls = self._calls
             try:
                 with self._send_lock:
                     send(self._conn)
@@ -179,6 +179,8 @@ class IsolatedModel:
             process.join()
             raise ConfigError(str(reply[1]))
         self._process, self._conn = process, parent_conn
+        self._calls = bls.ParentCalls(parent_conn, self.caller, self.label, self.abandon,
+                                      self._send_lock)
         log.info("isolated model worker started", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid})
         return reply[1], int(reply[2]), bool(reply[3])

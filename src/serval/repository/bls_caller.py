@@ -10,7 +10,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import TypeVar
 
 from serval.errors import (
@@ -112,20 +112,16 @@ async def _take(items: asyncio.Queue[Item]) -> list[Item]:
     return taken
 
 
-async def _pump(stream: AsyncIterator[Item], items: asyncio.Queue[Item]) -> None:
+async def _pump(stream: AsyncGenerator[Item, None], items: asyncio.Queue[Item]) -> None:
     """The stream's items into the queue (held to its size: the model waits), a failure
-    before the end as a final error; closing the stream when cancelled."""
+    before the end as a final error; the stream closed however it ends (cancelled too)."""
     try:
-        async for item in stream:
-            await items.put(item)
-            if item[1]:
-                return
+        async with contextlib.aclosing(stream):
+            async for item in stream:
+                await items.put(item)
+                if item[1]:
+                    return
     except ServalError as exc:
         await items.put((exc, True))
     except Exception as exc:  # the calling model gets the generic text
         await items.put((BackendError(f"{type(exc).__name__}: {exc}"), True))
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()

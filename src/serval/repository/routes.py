@@ -5,7 +5,7 @@ repository sits below the data plane and the server, so it is given them)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from serval.errors import ServalError, ServerUnavailable
 from serval.protocol.types import InferRequest, InferResponse, TensorDict
@@ -14,8 +14,8 @@ from serval.protocol.types import InferRequest, InferResponse, TensorDict
 StepPath = Callable[[str, str | None, InferRequest, int, int | None], Awaitable[InferResponse]]
 # a model's responses as a stream: (model, version, request, deadline_ns) -> each response's
 # outputs or error, with its final flag (server/streams.py: model_stream)
-StreamPath = Callable[[str, str | None, InferRequest, int | None],
-                      AsyncIterator[tuple[TensorDict | ServalError, bool]]]
+Streamed = AsyncGenerator[tuple[TensorDict | ServalError, bool], None]
+StreamPath = Callable[[str, str | None, InferRequest, int | None], Streamed]
 
 
 class StepRouter:
@@ -35,7 +35,7 @@ class StepRouter:
         return await self.path(name, version, request, time.perf_counter_ns(), deadline_ns)
 
     def stream(self, name: str, version: str | None, request: InferRequest,
-               deadline_ns: int | None) -> AsyncIterator[tuple[TensorDict | ServalError, bool]]:
+               deadline_ns: int | None) -> Streamed:
         if self.stream_path is None:
             raise ServerUnavailable("no data plane streams this server's responses")
         return self.stream_path(name, version, request, deadline_ns)

@@ -494,16 +494,21 @@ def test_a_model_default_timeout_gives_requests_a_deadline(tmp_path: Path) -> No
     assert asyncio.run(late(False, 10**12))
 
 
+def _gated_pairs(tmp_path: Path) -> Gated:
+    """The linear model in batches of at most two rows, behind a gate."""
+    fixture_models.linear(tmp_path, name="linear", config="max_batch_size: 2\n")
+    config = load_model_config(tmp_path / "linear" / "config.yaml")
+    spec = ModelVersionSpec("linear", "1", tmp_path / "linear" / "1", config)
+    return Gated(OnnxRuntimeBackend(cores=1).load(spec))
+
+
 def test_priority_levels_run_earlier_levels_first_each_under_its_own_bound(
         tmp_path: Path) -> None:
     """Behind a busy engine: requests of priority 2, none (the default, 2) and 1 queue, then
     1 (refused: level 1 holds one waiting request, its own policy), 9 (out of range: the
     default level, its third) and 2 (refused: the default policy's three). Batches of two
     rows take the priority 1 request first, then level 2 in arrival order."""
-    fixture_models.linear(tmp_path, name="linear", config="max_batch_size: 2\n")
-    config = load_model_config(tmp_path / "linear" / "config.yaml")
-    spec = ModelVersionSpec("linear", "1", tmp_path / "linear" / "1", config)
-    model = Gated(OnnxRuntimeBackend(cores=1).load(spec))
+    model = _gated_pairs(tmp_path)
     stats = ModelStats("linear", "1")
 
     def call(batcher: Batcher, seed: int, priority: int | None) -> asyncio.Task[TensorDict]:
@@ -542,10 +547,7 @@ def test_under_delay_a_request_past_its_timeout_runs_after_the_others(tmp_path: 
     """timeout_action DELAY: behind a busy engine, a request queues, its 1 µs default timeout
     passes (injected clock), two more queue; batches of two take the two first, then the
     late one, which is answered, not refused."""
-    fixture_models.linear(tmp_path, name="linear", config="max_batch_size: 2\n")
-    config = load_model_config(tmp_path / "linear" / "config.yaml")
-    spec = ModelVersionSpec("linear", "1", tmp_path / "linear" / "1", config)
-    model = Gated(OnnxRuntimeBackend(cores=1).load(spec))
+    model = _gated_pairs(tmp_path)
     now = [5_000]
 
     async def main() -> list[TensorDict]:
