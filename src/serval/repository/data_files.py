@@ -13,6 +13,9 @@ from serval.errors import ConfigError, InvalidInput
 from serval.protocol.bytes_tensor import tensor_from_raw
 
 MAX_FILE_BYTES = 1 << 30  # one sample's data file
+WARMUP_FOLDER = "warmup"  # as Triton: beside the version folders
+INITIAL_STATE_FOLDER = "initial_state"
+DATA_FOLDERS = (WARMUP_FOLDER, INITIAL_STATE_FOLDER)  # a load reads them: an edit reloads
 
 
 def read_sample(model_dir: Path, folder_name: str, file: str, datatype: str,

@@ -9,6 +9,7 @@ from pathlib import Path
 from serval.backends.base import ModelVersionSpec
 from serval.errors import ConfigError
 from serval.model_config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
+from serval.repository.data_files import DATA_FOLDERS
 from serval.repository.store import SERVING_FILE
 from serval.repository.triton_config import PBTXT_FILE, load_pbtxt
 
@@ -64,13 +65,14 @@ VersionSignature = tuple[tuple[str, int, int], ...]  # (file, size, mtime ns) of
 
 def version_signature(model_dir: Path, version: str) -> VersionSignature:
     """What a loaded version was loaded from: the model folder's own files (its config, label
-    files; not serving.json, which picks versions) and every file of the version folder. A
-    load of a served version whose signature changed reloads it (as Triton's load_model)."""
+    files; not serving.json, which picks versions), every file of the version folder and of
+    the data folders a load reads (warm-up samples, initial states). A load of a served
+    version whose signature changed reloads it (as Triton's load_model)."""
     files = [f for f in model_dir.iterdir() if f.is_file() and f.name != SERVING_FILE
              and not f.name.startswith(".")]
-    version_dir = model_dir / version
-    if version_dir.is_dir():
-        files += [f for f in version_dir.rglob("*") if f.is_file()]
+    for folder in (model_dir / version, *(model_dir / name for name in DATA_FOLDERS)):
+        if folder.is_dir():
+            files += [f for f in folder.rglob("*") if f.is_file()]
     signature = []
     for path in files:
         try:

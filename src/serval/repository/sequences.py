@@ -11,10 +11,9 @@ from serval.backends.base import LoadedModel, ModelVersionSpec, RequestModel, Se
 from serval.batching.sequence_tensors import SequenceModel, check_sequence_model
 from serval.batching.sequencer import Sequencer
 from serval.errors import ConfigError
-from serval.repository.data_files import read_sample
+from serval.repository.data_files import INITIAL_STATE_FOLDER, read_sample
 from serval.stats import ModelStats
 
-INITIAL_STATE_FOLDER = "initial_state"  # as Triton: beside the version folders
 
 
 def serve_sequences(model: LoadedModel, spec: ModelVersionSpec, stats: ModelStats,

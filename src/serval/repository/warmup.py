@@ -16,7 +16,7 @@ from serval.errors import ConfigError
 from serval.model_config import WarmupSample
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
-from serval.repository.data_files import read_sample
+from serval.repository.data_files import WARMUP_FOLDER, read_sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,6 @@ class WarmupRequest:
     inputs: TensorDict
 
 
-WARMUP_FOLDER = "warmup"
 
 
 def warmup_requests(samples: list[WarmupSample], batching: bool, model_dir: Path,

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from serval.errors import ServalError
+from serval.repository.data_files import DATA_FOLDERS
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
 
@@ -19,14 +20,17 @@ Signature = tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
 def model_signature(model_dir: Path) -> Signature:
     """What a reload depends on, cheaply, as Triton's poll: each version folder with the
     latest modification time of anything in it (a file added, renamed in or rewritten in
-    place), and the model folder's own files with theirs (config.yaml, config.pbtxt, labels,
-    serving.json). registry.load then reloads what changed (each served version's files
+    place), the model folder's own files with theirs (config.yaml, config.pbtxt, labels,
+    serving.json), and its data folders (warmup/, initial_state/) as its version folders.
+    registry.load then reloads what changed (each served version's files
     compared with those it loaded)."""
     versions, files = [], []
     with os.scandir(model_dir) as entries:
         for entry in entries:
             if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
                 versions.append((entry.name, _latest_ns(entry)))
+            elif entry.name in DATA_FOLDERS and entry.is_dir(follow_symlinks=False):
+                files.append((entry.name, _latest_ns(entry)))
             elif not entry.name.startswith(".") and _is_file(entry):
                 files.append((entry.name, _mtime_ns(entry)))
     return tuple(sorted(versions)), tuple(sorted(files))

@@ -171,3 +171,21 @@ def test_the_poll_goes_on_when_the_repository_cannot_be_read(
 
     asyncio.run(main())
     assert reloads == ["m"]
+
+
+@pytest.mark.parametrize("folder", ["warmup", "initial_state"])
+def test_an_edited_data_file_changes_both_signatures(tmp_path: Path, folder: str) -> None:
+    """A load reads warm-up samples and initial states: rewriting one in place reloads the
+    model, under the poll and on a load request, as an edited config does."""
+    (tmp_path / "1").mkdir()
+    (tmp_path / folder).mkdir()
+    sample = tmp_path / folder / "input0"
+    sample.write_bytes(b"\0" * 4)
+    for path in (sample, tmp_path / folder):
+        os.utime(path, (1_000, 1_000))
+    polled, loaded = model_signature(tmp_path), version_signature(tmp_path, "1")
+    assert [name for name, _, _ in loaded] == [f"{folder}/input0"]
+    sample.write_bytes(b"\1" * 4)
+    os.utime(tmp_path / folder, (1_000, 1_000))  # only the file's own time moved
+    assert model_signature(tmp_path) != polled
+    assert version_signature(tmp_path, "1") != loaded
