@@ -258,7 +258,7 @@ class DataPlane:
         """Admit a request in flight (the caller counts it out); its deadline."""
         self._check_inflight()
         if request.shared_memory_inputs or request.outputs:
-            resolve_inputs(self.shared_memory, request)  # inputs from shm regions, if any
+            resolve_inputs(self.shared_memory, request, self.max_tensor_elements)  # from shm
         self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1

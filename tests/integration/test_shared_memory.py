@@ -1,11 +1,14 @@
 """System shared memory on a real server, over REST and gRPC alike: register / status /
 unregister, tensors in and out of regions (alone or beside tensors in the request), every
 mistake a precise 400 / INVALID_ARGUMENT, CUDA shared memory refused, the extension switched
-off, token scopes, and mappings released on unregister and at exit."""
+off, token scopes, objects released on unregister and at exit, and a client shrinking its
+object under the server never bringing it down."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -238,10 +241,16 @@ def test_a_server_without_shared_memory_says_so(
 
 
 def _maps(server: RunningServer) -> str:
-    return Path(f"/proc/{server.process.pid}/maps").read_text()
+    """What the server holds open or mapped."""
+    fds = Path(f"/proc/{server.process.pid}/fd")
+    links = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # closed while looking
+            links.append(os.readlink(fd))
+    return Path(f"/proc/{server.process.pid}/maps").read_text() + "\n".join(links)
 
 
-def test_mappings_go_on_unregister_and_at_exit(
+def test_objects_go_on_unregister_and_at_exit(
         server_factory: Callable[..., RunningServer], repository: Path, region: Any) -> None:
     own = server_factory(repository)
     triton = httpclient.InferenceServerClient(own.url)
@@ -296,3 +305,45 @@ def test_grpc_streams_take_shared_memory_too(server: RunningServer, region: Any)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [1, 16],
                                                             offset=128), A + B)
+
+
+def test_an_object_shrunk_under_the_server_never_brings_it_down(
+        server_factory: Callable[..., RunningServer], repository: Path, region: Any) -> None:
+    """A client truncates its object and grows it back, over and over, while its requests
+    read from it: each answer is a sum (of whatever bytes the object held as it was read) or
+    a 400 saying the region is short, and the server lives. (Reading a mapping past its
+    object's end raises SIGBUS and kills the process.)"""
+    own = server_factory(repository)
+    triton = httpclient.InferenceServerClient(own.url)
+    triton.register_system_shared_memory("shm", "/region" + TAG, 256)
+    path = Path("/dev/shm") / ("region" + TAG)
+    stop = threading.Event()
+
+    def shrink_and_grow() -> None:
+        with path.open("r+b") as handle:
+            while not stop.is_set():
+                os.ftruncate(handle.fileno(), 0)
+                os.ftruncate(handle.fileno(), 256)
+                handle.seek(0)
+                handle.write(A.tobytes() + B.tobytes())
+                handle.flush()
+
+    thread = threading.Thread(target=shrink_and_grow)
+    thread.start()
+    answered = refused = 0
+    try:
+        for _ in range(300):
+            try:
+                result = triton.infer("simple", _inputs(triton, (True, True)))
+            except InferenceServerException as exc:
+                assert str(exc.status()) == "400", exc.message()
+                assert "region 'shm'" in exc.message()
+                refused += 1
+            else:
+                assert result.as_numpy("OUTPUT0").shape == (1, 16)
+                answered += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert refused and answered
+    assert triton.is_server_live()

@@ -3,6 +3,7 @@ alike), inputs read from their regions, outputs written into theirs."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,17 +46,24 @@ def uses_shared_memory(request: InferRequest) -> bool:
         output.shared_memory is not None for output in request.outputs or ())
 
 
-def resolve_inputs(regions: SharedMemoryRegistry | None, request: InferRequest) -> None:
-    """Read every shm input into request.inputs (fixed-size datatypes as read-only views of
-    the mapping, no copy; BYTES parsed); check every shm output's window before any work."""
+def resolve_inputs(regions: SharedMemoryRegistry | None, request: InferRequest,
+                   max_elements: int) -> None:
+    """Read every shm input into request.inputs (a copy of its window; BYTES parsed), each
+    shape first held to `max_elements` elements (as a tensor in the request is); check every
+    shm output's window before any work."""
     if not uses_shared_memory(request):
         return
     if regions is None:
         raise InvalidInput(DISABLED)
     for name, item in request.shared_memory_inputs.items():
         ref = item.ref
-        view = regions.view(ref.region, ref.offset, ref.byte_size, f"input '{name}'")
-        request.inputs[name] = tensor_from_raw(view, 0, ref.byte_size, item.datatype,
+        elements = math.prod(item.shape)
+        if elements > max_elements:
+            raise InvalidInput(f"input '{name}': shape {list(item.shape)} has {elements} "
+                               f"elements; this server accepts at most {max_elements} per "
+                               "tensor (--max-tensor-elements)")
+        data = regions.read(ref.region, ref.offset, ref.byte_size, f"input '{name}'")
+        request.inputs[name] = tensor_from_raw(data, 0, ref.byte_size, item.datatype,
                                                item.shape, name, f"{BYTE_SIZE} is")
     for output in request.outputs or ():
         if (window := output.shared_memory) is not None:

@@ -15,7 +15,6 @@ from serval.repository.data_files import INITIAL_STATE_FOLDER, read_sample
 from serval.stats import ModelStats
 
 
-
 def serve_sequences(model: LoadedModel, spec: ModelVersionSpec, stats: ModelStats,
                     executor: ThreadPoolExecutor) -> Served:
     """The model behind a Sequencer; ConfigError (the model unloaded) when the config's

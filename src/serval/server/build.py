@@ -37,7 +37,7 @@ from serval.server.http.app import HttpApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.http.ui.status import ServerStatus
 from serval.server.http.wire import ServerHeaders
-from serval.server.limits import TransportGuards
+from serval.server.limits import ReceiveBudget, TransportGuards
 from serval.server.listen import bind_socket, serve_on, tls_context
 from serval.server.streams import model_stream
 
@@ -78,19 +78,19 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     tasks: list[asyncio.Task[None]] = []
     if config.poll_interval_s > 0:
         tasks.append(asyncio.create_task(watch_repository(registry, config.poll_interval_s)))
+    guards = TransportGuards.build(config.limits)
     dataplane = DataPlane(registry, max_inflight=config.max_inflight,
                           default_timeout_ms=config.default_timeout_ms,
                           repository_api=config.repository_api_enabled,
                           max_tensor_elements=config.max_tensor_elements,
                           strict_readiness=config.strict_readiness,
-                          shared_memory=shared_memory_registry(config),
+                          shared_memory=shared_memory_registry(config, guards.budget),
                           logs=log_control(), tracer=Tracer(config.trace_file, config.trace))
     registry.route_streams(functools.partial(model_stream, dataplane))  # BLS, decoupled=True
     await load_at_start(dataplane, config.load_models)
     auth = TokenStore.from_file(config.auth_tokens) if config.auth_tokens else None
     status = ServerStatus(registry)  # the status page's 1 s samples (off the request path)
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
-    guards = TransportGuards.build(config.limits)
     dataplane.max_override_bytes = max(guards.limits.max_request_bytes,  # a load's files
                                        guards.limits.max_message_bytes)
     app = HttpApp(dataplane, build_metrics(registry, config.metrics_top_k), auth, status,
@@ -128,16 +128,20 @@ async def close_stack(stack: ServingStack) -> None:
         log.info("shared memory released", extra={"regions": released})
 
 
-def shared_memory_registry(config: ServerConfig) -> SharedMemoryRegistry | None:
+def shared_memory_registry(config: ServerConfig, budget: ReceiveBudget
+                           ) -> SharedMemoryRegistry | None:
     """Triton's system shared memory when asked for, or by default while the server listens
     on a loopback address only (then every client is on this host; listening beyond it, a
     client that may infer could read and write the server user's /dev/shm objects: Triton
     too has it off unless --allow-client-shm). Off with --workers > 1 (a region registered
-    with one worker process would be unknown to the others)."""
+    with one worker process would be unknown to the others). Inputs read from regions count
+    against the transports' receive budget, as bodies do."""
     wanted = config.shared_memory
     if wanted is None:
         wanted = _is_loopback(config.host)
-    return SharedMemoryRegistry() if wanted and config.worker_count == 1 else None
+    if not wanted or config.worker_count != 1:
+        return None
+    return SharedMemoryRegistry(budget=budget)
 
 
 def _is_loopback(host: str) -> bool:

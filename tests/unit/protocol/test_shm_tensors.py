@@ -64,33 +64,44 @@ def test_parameters_give_the_window() -> None:
                              "input 'x'") == SharedMemoryRef("r", 8, 0)
 
 
-def test_fixed_size_inputs_are_views_of_the_region(regions: SharedMemoryRegistry) -> None:
+def test_fixed_size_inputs_are_read_from_the_region(regions: SharedMemoryRegistry) -> None:
     values = np.arange(6, dtype=np.float32)
     _put(regions, 64, values.tobytes())
     request = _request("FP32", (2, 3), SharedMemoryRef("data", 24, 64))
-    resolve_inputs(regions, request)
+    resolve_inputs(regions, request, 6)
     np.testing.assert_array_equal(request.inputs["x"], values.reshape(2, 3))
-    assert not request.inputs["x"].flags.owndata  # no copy
-    assert not request.inputs["x"].flags.writeable
+
+
+def test_a_shape_past_the_element_limit_is_refused_before_reading(
+        regions: SharedMemoryRegistry) -> None:
+    raw = encode_bytes_elements(np.array([b""] * 1_000, dtype=object))
+    _put(regions, 0, raw)
+    request = _request("BYTES", (1_000,), SharedMemoryRef("data", len(raw)))
+    with pytest.raises(InvalidInput, match=r"input 'x': shape \[1000\] has 1000 elements; this "
+                                           "server accepts at most 999 per tensor"):
+        resolve_inputs(regions, request, 999)
+    assert "x" not in request.inputs
 
 
 def test_the_byte_size_must_match_shape_and_datatype(regions: SharedMemoryRegistry) -> None:
     request = _request("FP32", (2, 3), SharedMemoryRef("data", 20))
     with pytest.raises(InvalidInput, match=r"FP32 shape \[2, 3\] needs 24 bytes, "
                                            "shared_memory_byte_size is 20"):
-        resolve_inputs(regions, request)
+        resolve_inputs(regions, request, 1 << 20)
 
 
 def test_bytes_inputs_are_parsed_and_counted(regions: SharedMemoryRegistry) -> None:
     raw = encode_bytes_elements(np.array([b"ab", b"", b"xyz"], dtype=object))
     _put(regions, 0, raw)
     request = _request("BYTES", (1, 3), SharedMemoryRef("data", len(raw)))
-    resolve_inputs(regions, request)
+    resolve_inputs(regions, request, 1 << 20)
     assert request.inputs["x"].tolist() == [[b"ab", b"", b"xyz"]]
     with pytest.raises(InvalidInput, match="shape needs 4 BYTES elements, got 3"):
-        resolve_inputs(regions, _request("BYTES", (4,), SharedMemoryRef("data", len(raw))))
+        resolve_inputs(regions, _request("BYTES", (4,), SharedMemoryRef("data", len(raw))),
+                       1 << 20)
     with pytest.raises(InvalidInput, match="overruns its data"):
-        resolve_inputs(regions, _request("BYTES", (3,), SharedMemoryRef("data", len(raw) - 1)))
+        resolve_inputs(regions, _request("BYTES", (3,), SharedMemoryRef("data", len(raw) - 1)),
+                       1 << 20)
 
 
 def test_outputs_are_checked_before_work_and_written_after(
@@ -98,15 +109,16 @@ def test_outputs_are_checked_before_work_and_written_after(
     _put(regions, 0, np.ones(2, np.int32).tobytes())
     outputs = [RequestedOutput("y", shared_memory=SharedMemoryRef("data", 8, 4090))]
     with pytest.raises(InvalidInput, match=r"output 'y'.*runs past the end of region 'data'"):
-        resolve_inputs(regions, _request("INT32", (2,), SharedMemoryRef("data", 8), outputs))
+        resolve_inputs(regions, _request("INT32", (2,), SharedMemoryRef("data", 8), outputs),
+                       1 << 20)
     outputs = [RequestedOutput("y", shared_memory=SharedMemoryRef("data", 8, 100)),
                RequestedOutput("z")]
     request = _request("INT32", (2,), SharedMemoryRef("data", 8), outputs)
-    resolve_inputs(regions, request)
+    resolve_inputs(regions, request, 1 << 20)
     response = InferResponse("m", "1", {"y": np.array([7, -7], np.int32),
                                         "z": np.zeros(1, np.int32)})
     write_outputs(regions, request, response)
-    assert np.frombuffer(regions.view("data", 100, 8, "t"), np.int32).tolist() == [7, -7]
+    assert np.frombuffer(regions.read("data", 100, 8, "t"), np.int32).tolist() == [7, -7]
     assert response.shared_memory_outputs == {"y": {
         "shared_memory_region": "data", "shared_memory_byte_size": 8,
         "shared_memory_offset": 100}}
@@ -127,10 +139,10 @@ def test_big_endian_and_strided_outputs_are_written_as_the_wire_has_them(
     outputs = [RequestedOutput("y", shared_memory=SharedMemoryRef("data", 16))]
     request = InferRequest(inputs={}, outputs=outputs)
     write_outputs(regions, request, InferResponse("m", "1", {"y": array}))
-    assert np.frombuffer(regions.view("data", 0, 16, "t"), "<i4").tolist() == [0, 2, 3, 5]
+    assert np.frombuffer(regions.read("data", 0, 16, "t"), "<i4").tolist() == [0, 2, 3, 5]
 
 
 def test_a_server_without_shared_memory_refuses_it() -> None:
     with pytest.raises(InvalidInput, match="shared memory is off on this server"):
-        resolve_inputs(None, _request("INT32", (1,), SharedMemoryRef("data", 4)))
-    resolve_inputs(None, InferRequest(inputs={}))  # no shm asked: nothing to do
+        resolve_inputs(None, _request("INT32", (1,), SharedMemoryRef("data", 4)), 1 << 20)
+    resolve_inputs(None, InferRequest(inputs={}), 1 << 20)  # no shm asked: nothing to do

@@ -6,6 +6,7 @@ import pytest
 
 from serval.config import ServerConfig
 from serval.server.build import shared_memory_registry
+from serval.server.limits import ReceiveBudget
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +25,7 @@ def test_shared_memory_is_on_for_loopback_listeners_unless_told(
         tmp_path: object, host: str, wanted: bool | None, workers: int, on: bool) -> None:
     config = ServerConfig(repository=str(tmp_path), host=host, shared_memory=wanted,
                           workers=workers, http_port=8000)
-    registry = shared_memory_registry(config)
+    registry = shared_memory_registry(config, ReceiveBudget(1 << 20))
     assert (registry is not None) is on
     if registry is not None:
         registry.close()
