@@ -36,7 +36,7 @@ class TransportLimits:
     max_header_bytes: int = 64 * 1024  # request line and headers together
     max_header_count: int = 100
     header_timeout_s: float = 10.0  # from the first byte of a request to the end of its headers
-    body_timeout_s: float = 30.0  # longest pause in a body, or in reading our answers
+    body_timeout_s: float = 30.0  # longest pause in a body or gRPC request, or in reading answers
     keepalive_timeout_s: float = 75.0  # idle between requests
     max_pipelined: int = 32  # requests read ahead of their answers on one connection
     write_buffer_bytes: int = 1 * MIB  # answers queued for a client before reading stops

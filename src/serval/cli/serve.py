@@ -157,8 +157,8 @@ def serve_command(
     header_timeout_s: float = _limit(
         "header_timeout_s", "A request's headers must arrive within this; else 408, close."),
     body_timeout_s: float = _limit(
-        "body_timeout_s", "Longest pause while a body arrives (else 408, close), or while "
-        "a client reads none of its answers (else close)."),
+        "body_timeout_s", "Longest pause while a body or a gRPC request arrives (else 408 "
+        "and close, or CANCELLED), or while a client reads none of its answers (else close)."),
     keepalive_timeout_s: float = _limit(
         "keepalive_timeout_s", "An idle HTTP/1.1 connection is closed after this."),
     max_pipelined: int = _limit(

@@ -53,6 +53,9 @@ class HpackDecoder:
         self._cache: dict[bytes, tuple[list[Header], list[Header], int | None]] = {}
         self._cache_bytes = 0
         self._read_dynamic = False  # set when the block being decoded reads the dynamic table
+        # the size of the list the last decode built (0 when it came from the cache, where it
+        # is shared with every other stream that sent the block): what a stream now holds
+        self.last_list_bytes = 0
 
     def decode(self, block: bytes) -> list[Header]:
         """The header list of one block; ProtocolError when it is malformed or too large."""
@@ -62,12 +65,15 @@ class HpackDecoder:
             if valid_in is None:
                 for name, value in replay:
                     self._insert(name, value)
+                self.last_list_bytes = 0
                 return headers
             if valid_in == self.generation:
+                self.last_list_bytes = 0
                 return headers
         generation = self.generation
         self._read_dynamic = False
         headers, list_bytes, inserts = self._decode(block)
+        self.last_list_bytes = list_bytes
         if inserts is not None and len(block) <= _CACHEABLE_BLOCK_BYTES:
             if not self._read_dynamic:
                 self._remember(block, (headers, inserts, None), list_bytes)

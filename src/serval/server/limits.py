@@ -9,9 +9,10 @@ connection, and two server-wide budgets shared by both transports:
   the new one is closed at once. Slow or idle connections can never lock good clients out.
 - `ReceiveBudget`: bytes of request bodies and gRPC messages held by the server, from the moment
   their size is known until their answer is written. Past it, new requests are refused (429 /
-  RESOURCE_EXHAUSTED) before their bytes are read. (HTTP/1.1 checks that a body's announced size
-  fits when its headers end but reserves its bytes as they arrive: a client that announces
-  64 MiB and sends a byte a minute holds a byte, not the budget.)
+  RESOURCE_EXHAUSTED) before their bytes are read. (Both transports check that an announced
+  size fits when it is announced but reserve bytes as they arrive: a client that announces
+  64 MiB and sends a byte a minute holds a byte, not the budget; and body_timeout_s ends a
+  request that pauses.)
 """
 
 from __future__ import annotations

@@ -6,9 +6,18 @@ its request is complete, after the whole read it arrived in (so a stream reset i
 costs no work); a client-streaming call starts at its headers and reads messages as they arrive.
 
 Bounds: at most h2_max_concurrent_streams open streams (beyond: REFUSED_STREAM, counted against
-the reset budget); receive windows credited only as the calls consume their messages; stream
-errors, client resets before an answer and header lists over h2_max_header_list_bytes (that
-stream answered RESOURCE_EXHAUSTED) count against h2_max_resets.
+the reset budget); receive windows credited only as the calls consume their messages; every
+received byte a call holds (its header list, its messages) counted against the server-wide
+receive budget (past it: RESOURCE_EXHAUSTED); stream errors, client resets before an answer and
+header lists over h2_max_header_list_bytes (that stream answered RESOURCE_EXHAUSTED) count
+against h2_max_resets.
+
+A request must keep arriving (nginx's client_body_timeout, which grpcio lacks): a unary call
+whose request has not ended, or any call part-way through a message, that receives nothing for
+body_timeout_s is ended with CANCELLED, and what it held is released; one stalled for
+STALLED_REQUEST_S no longer keeps its connection from being evicted for a new one (as an
+HTTP/1.1 connection stalled in a body). A streaming call that waits between whole messages is
+not stalled: long-lived streams may be quiet.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from serval.protocol.grpc.status import GrpcStatus
 from serval.server.grpc.framing import Http2Connection
 from serval.server.grpc.stream import NO_OWN_HEADERS, CallFailed, ResponseHeaders, ServerCall
 from serval.server.limits import TransportGuards
+
+STALLED_REQUEST_S = 1.0  # a request this long without a byte may be evicted for a new connection
 
 
 class CallRunner(Protocol):
@@ -51,6 +62,30 @@ class GrpcConnection(Http2Connection):
 
     def has_streams(self) -> bool:
         return bool(self.calls)
+
+    def is_idle(self) -> bool:
+        """No stream, or every stream a request that stalled (for the connection gate)."""
+        if not self.calls:
+            return True
+        stalled_since = self._clock() - STALLED_REQUEST_S
+        return all(_waits_on_client(call) and call.progress_at <= stalled_since
+                   for call in self.calls.values())
+
+    def _expire_stalled(self, now: float) -> float | None:
+        timeout = self.limits.body_timeout_s
+        next_end = None
+        for call in list(self.calls.values()):
+            if not _waits_on_client(call):
+                continue
+            ends = call.progress_at + timeout
+            if now < ends:
+                next_end = ends if next_end is None else min(next_end, ends)
+                continue
+            why = (f"the request stalled: nothing of it arrived for {timeout:g} s "
+                   "(--body-timeout-s)")
+            self.guards.abuse.closed("stalled gRPC request", why)
+            call.abort(GrpcStatus.CANCELLED, why)
+        return next_end
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
@@ -167,6 +202,7 @@ class GrpcConnection(Http2Connection):
             self._consumed_by_connection(size)
             self._reset(call, h2.FLOW_CONTROL_ERROR)
             return
+        call.progress_at = self.read_at
         credit = 0
         if flags & h2.PADDED:
             content = h2.strip_padding(flags, payload)
@@ -216,6 +252,13 @@ class GrpcConnection(Http2Connection):
                           max_message_bytes=limits.max_message_bytes,
                           max_messages=limits.h2_max_stream_messages, budget=self.guards.budget)
         self.calls[stream_id] = call
+        call.progress_at = self.read_at
+        self.wake_by(self.read_at + limits.body_timeout_s)  # to see it if it stalls
+        if too_large is None:
+            try:
+                call.hold(self.decoder.last_list_bytes)
+            except CallFailed as exc:
+                too_large = exc.message
         if too_large is not None:
             call.finish(GrpcStatus.RESOURCE_EXHAUSTED, too_large)
             if flags & h2.END_STREAM:
@@ -280,3 +323,10 @@ class GrpcConnection(Http2Connection):
     def _on_initial_window_change(self, delta: int) -> None:
         for call in self.calls.values():
             call.send_window = grow_send_window(call.send_window, delta)
+
+
+def _waits_on_client(call: ServerCall) -> bool:
+    """The call cannot go on until the client sends more: a unary request not yet ended, or
+    any call part-way through a message."""
+    return not call.remote_closed and not call.finished and (
+        call.task is None or call.assembling)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import ClassVar, cast
 
@@ -70,6 +71,7 @@ class Http2Connection(asyncio.Protocol):
         self.closing = False
         self.write_paused = False
         self.idle_since = 0.0
+        self.read_at = 0.0  # loop time of the last read from the client
         self.sent_at = 0.0  # the last progress of output that waits on the client
         self._preface: bytes | None = b""
         self._settled = False  # the client's first SETTINGS arrived
@@ -80,6 +82,7 @@ class Http2Connection(asyncio.Protocol):
         self._read_bytes = 0
         self._linger_on_close = False  # closing for abuse: let the peer read the GOAWAY
         self._linger: asyncio.TimerHandle | None = None
+        self._clock: Callable[[], float] = time.monotonic  # the loop's, once connected
 
     # what the streams' side provides ---------------------------------------------------------
 
@@ -113,6 +116,10 @@ class Http2Connection(asyncio.Protocol):
     def _after_read(self) -> None:
         """Every frame of one read has been handled."""
 
+    def _expire_stalled(self, now: float) -> float | None:
+        """End the streams whose request stalled; when the next one would (None: none)."""
+        return None
+
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,13 +143,15 @@ class Http2Connection(asyncio.Protocol):
         if extra > 0:
             self.write(h2.window_update(0, extra))
         loop = asyncio.get_running_loop()
-        self.idle_since = loop.time()
+        self._clock = loop.time
+        self.idle_since = self.read_at = loop.time()
         self._window_ends = self.idle_since + limits.h2_abuse_window_s
         self._timer = loop.call_later(limits.h2_preface_timeout_s, self._on_timer)
 
     def data_received(self, data: bytes) -> None:
         if self._linger is not None:  # closing: dropped unread
             return
+        self.read_at = self._clock()
         self._read_bytes += len(data)
         if self._read_bytes > _READ_SLICE_BYTES:
             self._yield_reading()
@@ -365,7 +374,17 @@ class Http2Connection(asyncio.Protocol):
             wake_at = min(wake_at, idle_ends)
         else:
             wake_at = min(wake_at, now + limits.h2_idle_timeout_s)
+            stalled_ends = self._expire_stalled(now)
+            if stalled_ends is not None:
+                wake_at = min(wake_at, stalled_ends)
         self._timer = loop.call_at(wake_at, self._on_timer)
+
+    def wake_by(self, at: float) -> None:
+        """Run the timer by loop time `at` at the latest (a stream's stall deadline)."""
+        timer = self._timer
+        if timer is not None and timer.when() > at:
+            timer.cancel()
+            self._timer = asyncio.get_running_loop().call_at(at, self._on_timer)
 
     def send_stalled(self) -> None:
         """Output began to wait on the client (flow-control window or socket): from now it has

@@ -3,10 +3,14 @@
 The connection feeds it the stream's DATA; it splits length-prefixed messages (inflating gzip or
 deflate ones), and queues reply frames that the connection sends as flow control allows.
 
-What it holds is bounded: at most `max_messages` unread messages; a message that arrives whole
-in one frame is credited back to the client's windows only when the call reads it, and one that
-arrives in pieces reserves its announced length against the server-wide receive budget (its
-bytes are credited as they are buffered) until it is read or the call ends.
+What it holds is bounded: at most `max_messages` unread messages, and every received byte it
+holds (its header list, a message being assembled, messages not yet read) counts against the
+server-wide receive budget until it is read or the call ends. A message that arrives whole in
+one frame is credited back to the client's windows only when the call reads it; one that
+arrives in pieces must fit the budget when its length is announced, takes its bytes from the
+budget as they arrive (a client that announces 64 MiB and sends 5 bytes holds 5 bytes), and is
+credited as it is buffered. `progress_at` is when the call last received anything: the
+connection resets a request that stalls (connection.py).
 """
 
 from __future__ import annotations
@@ -75,8 +79,8 @@ class ServerCall:
                  "_pending",
                  "_pending_bytes", "_read_reserved", "_reserved", "_trailers", "_unread_bytes",
                  "_waiter", "budget", "finished", "headers", "max_message_bytes", "max_messages",
-                 "messages", "owner", "path", "received_ns", "remote_closed", "send_window",
-                 "stream_id", "task", "window")
+                 "messages", "owner", "path", "progress_at", "received_ns", "remote_closed",
+                 "send_window", "stream_id", "task", "window")
 
     def __init__(self, owner: CallOwner, stream_id: int, headers: list[Header], *,
                  received_ns: int, send_window: int, receive_window: int,
@@ -92,9 +96,10 @@ class ServerCall:
         self.messages: deque[tuple[bytes, int, int]] = deque()
         self.remote_closed = False
         self.finished = False
+        self.progress_at = 0.0  # loop time of its last frame (the connection sets it)
         self.task: asyncio.Task[None] | None = None
         self._buffer = bytearray()
-        self._buffer_reserved = 0  # reserved for the message being assembled
+        self._buffer_reserved = 0  # reserved for the message being assembled: len(_buffer)
         self._reserved = 0  # all budget bytes this call holds
         self._read_reserved = 0  # of them, the last read message's
         self._unread_bytes = 0  # window credit owed for unread queued messages
@@ -147,29 +152,45 @@ class ServerCall:
                 self._waiter = None
         return self.next_message()
 
+    def hold(self, size: int) -> None:
+        """Count `size` received bytes against the budget while the call lives (its header
+        list); CallFailed(RESOURCE_EXHAUSTED) when they do not fit."""
+        self._take(size)
+
+    @property
+    def assembling(self) -> bool:
+        """Part of a message has arrived and the rest has not."""
+        return bool(self._buffer)
+
     def receive(self, data: bytes) -> int:
         """Take one DATA frame's content; returns the bytes to credit back now (buffered ones)."""
         buffer = self._buffer
-        if not buffer and len(data) >= 5 and _MESSAGE_PREFIX.unpack_from(data)[1] == len(data) - 5:
-            self._deliver(data[0], data[5:], len(data), 0)  # the usual case: one whole message
+        size = len(data)
+        if not buffer and size >= 5 and _MESSAGE_PREFIX.unpack_from(data)[1] == size - 5:
+            self._take(size)  # the usual case: one whole message
+            self._deliver(data[0], data[5:], size, size)
             return 0
+        self._take(size)
+        self._buffer_reserved += size
         buffer += data
         while len(buffer) >= 5:
             compressed, length = _MESSAGE_PREFIX.unpack_from(buffer)
-            if not self._buffer_reserved:
-                self._check_size(length)
-                if not self.budget.reserve(length + 5):
+            self._check_size(length)
+            if len(buffer) < 5 + length:
+                if not self.budget.fits(5 + length - len(buffer)):  # it could never be held
                     raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED,
                                      self.budget.refusal_message(length))
-                self._buffer_reserved = length + 5
-                self._reserved += length + 5
-            if len(buffer) < 5 + length:
                 break
             message = bytes(buffer[5:5 + length])
             del buffer[:5 + length]
-            reserved, self._buffer_reserved = self._buffer_reserved, 0
-            self._deliver(compressed, message, 0, reserved)
-        return len(data)
+            self._buffer_reserved -= 5 + length
+            self._deliver(compressed, message, 0, 5 + length)
+        return size
+
+    def _take(self, size: int) -> None:
+        if not self.budget.reserve(size):
+            raise CallFailed(GrpcStatus.RESOURCE_EXHAUSTED, self.budget.refusal_message(size))
+        self._reserved += size
 
     def _check_size(self, length: int) -> None:
         if length > self.max_message_bytes:

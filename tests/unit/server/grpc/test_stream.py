@@ -9,7 +9,7 @@ from serval.http2 import frames as h2
 from serval.http2.frames import FrameReader
 from serval.http2.hpack import HpackDecoder
 from serval.protocol.grpc.status import GrpcStatus
-from serval.server.grpc.stream import ResponseHeaders, ServerCall, percent_encode
+from serval.server.grpc.stream import CallFailed, ResponseHeaders, ServerCall, percent_encode
 from serval.server.limits import ReceiveBudget
 
 pytestmark = pytest.mark.unit
@@ -77,3 +77,30 @@ def test_a_unary_reply_is_what_a_message_then_ok_would_be_in_one_pass() -> None:
         (h2.HEADERS, h2.END_HEADERS | h2.END_STREAM)]
     assert frames[1][2] == b"\x00\x00\x00\x00\x07payload"
     assert frames[2][2] == [("grpc-status", "0")]
+
+
+def test_a_call_holds_the_bytes_it_has_received_not_those_announced() -> None:
+    """The budget counts what arrived: a prefix announcing 1 MiB holds 5 bytes; a message
+    whole in one frame, and one assembled from pieces, each hold their size until read; the
+    header list until the call ends; an announced message that could never fit is refused
+    when announced."""
+    budget = ReceiveBudget(1 << 20)
+    call = ServerCall(Owner(), 1, [], received_ns=0, send_window=1 << 20,
+                      receive_window=1 << 16, max_message_bytes=1 << 20, max_messages=8,
+                      budget=budget)
+    call.hold(300)
+    assert budget.held_bytes == 300
+    whole = b"\0" + (100).to_bytes(4, "big") + bytes(100)
+    call.receive(whole)
+    assert budget.held_bytes == 300 + 105
+    assert call.receive(b"\0" + (1000).to_bytes(4, "big")) == 5  # credited as buffered
+    assert call.assembling and budget.held_bytes == 300 + 105 + 5
+    call.receive(bytes(1000))
+    assert not call.assembling and budget.held_bytes == 300 + 105 + 1005
+    assert call.next_message() == bytes(100)  # in use until the next read
+    assert call.next_message() == bytes(1000)
+    assert budget.held_bytes == 300 + 1005
+    with pytest.raises(CallFailed, match="its limit is 1048576"):
+        call.receive(b"\0" + (1 << 20).to_bytes(4, "big"))  # 1 MiB more could never be held
+    call.release()
+    assert budget.held_bytes == 0
