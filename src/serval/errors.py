@@ -118,7 +118,53 @@ class ConfigError(Exception):
     """A repository or config file is invalid; the message names the file and field."""
 
 
+_SHOWN_DEPTH = 8  # nesting shown before "[...]": a client's JSON may nest 1024 deep
+
+
 def shown(value: object, limit: int = 40) -> str:
-    """A client's value as an error message quotes it: repr, cut to about `limit` characters."""
-    text = repr(value)
+    """A client's value as an error message quotes it: repr, cut to about `limit` characters.
+
+    Built piece by piece within the limit and at most a few levels deep, so a value of any
+    size or nesting costs O(limit) and never recurses far (repr of a deep list would raise)."""
+    out: list[str] = []
+    _shown_into(out, value, limit + 1, 0)
+    text = "".join(out)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _shown_into(out: list[str], value: object, room: int, depth: int) -> int:
+    """Append value's repr to out until `room` characters are used; the room left."""
+    if isinstance(value, (list, tuple, dict)):
+        opening, closing = ("[", "]") if isinstance(value, list) else \
+            ("(", ")") if isinstance(value, tuple) else ("{", "}")
+        if depth >= _SHOWN_DEPTH and value:
+            out.append(f"{opening}...{closing}")
+            return room - 5
+        out.append(opening)
+        room -= 1
+        pairs = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+        for index, (key, item) in enumerate(pairs):
+            if room <= 0:
+                return room
+            if index:
+                out.append(", ")
+                room -= 2
+            if isinstance(value, dict):
+                room = _shown_into(out, key, room, depth + 1)
+                out.append(": ")
+                room -= 2
+            room = _shown_into(out, item, room, depth + 1)
+        if isinstance(value, tuple) and len(value) == 1:
+            out.append(",")
+            room -= 1
+        out.append(closing)
+        return room - 1
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:max(room, 0) + 1])
+    else:
+        try:
+            text = repr(value)[:max(room, 0) + 1]
+        except (ValueError, RecursionError):  # an int of over 4300 digits; an odd object
+            text = f"<{type(value).__name__}>"
+    out.append(text)
+    return room - len(text)

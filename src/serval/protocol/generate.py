@@ -20,6 +20,7 @@ from serval.protocol.rest_codec import json_inputs
 from serval.protocol.types import InferRequest, InferResponse, TensorSpec
 
 _SCALARS = (str, int, float, bool)
+_SCALAR_TYPES = frozenset(_SCALARS)  # as orjson reads JSON: these exact types
 
 
 def generate_request(doc: dict[str, Any], inputs: tuple[TensorSpec, ...],
@@ -65,7 +66,8 @@ def _tensor(spec: TensorSpec, value: Any, batching: bool) -> dict[str, Any]:
     except ValueError:
         array = np.array([[]], dtype=object)
     natural = array.shape
-    if 0 in natural or not all(isinstance(item, _SCALARS) for item in array.flat):
+    flat = array.reshape(-1).tolist()  # (array.flat stops at 32 dimensions)
+    if 0 in natural or set(map(type, flat)) - _SCALAR_TYPES:
         raise InvalidInput(f"generate field '{spec.name}' must be a string, number or boolean, "
                            f"or a rectangular list of them, got {shown(value)}")
     declared = list(spec.shape[1:] if batching else spec.shape)
@@ -78,9 +80,8 @@ def _tensor(spec: TensorSpec, value: Any, batching: bool) -> dict[str, Any]:
         if free:
             fixed = math.prod(size for size in declared if size != -1)
             shape[free[-1]] = count // fixed if fixed and count % fixed == 0 else count
-    data = array.reshape(-1).tolist()
     return {"name": spec.name, "datatype": spec.datatype,
-            "shape": [1, *shape] if batching else shape, "data": data}
+            "shape": [1, *shape] if batching else shape, "data": flat}
 
 
 def _json_value(array: np.ndarray) -> Any:

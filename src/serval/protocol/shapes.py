@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from serval.errors import InvalidInput
+from serval.errors import InvalidInput, shown
 
 MAX_DIMS = 64  # numpy's own limit, and far beyond any model's rank
 MAX_DIM = 2**63 - 1  # an int64, as the v2 protocol carries shapes
@@ -39,5 +39,5 @@ def check_shape(shape: Sequence[object], name: str) -> tuple[int, ...]:
 
 
 def _short(shape: Sequence[object]) -> str:
-    text = repr(list(shape))
-    return text if len(text) <= 200 else text[:200] + "...]"
+    """The shape as a message quotes it: bounded in length and nesting (see `shown`)."""
+    return shown(shape if isinstance(shape, list) else list(shape), 200)

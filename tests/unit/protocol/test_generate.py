@@ -66,3 +66,28 @@ def test_outputs_come_back_as_json_values() -> None:
                    "scores": [0.5, 1.5], "count": 3, "grid": [[1, 2], [3, 4]]}
     unbatched = generate_response(InferResponse("m", "1", {"n": np.array([5, 6])}), False)
     assert unbatched["n"] == [5, 6]
+
+
+def _nested(levels: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("levels", [33, 63])
+def test_a_field_nested_past_32_lists_is_still_one_element(levels: int) -> None:
+    request = generate_request({"text_input": _nested(levels, "a")}, (TEXT,), True)
+    assert request.inputs["text_input"].reshape(-1).tolist() == [b"a"]
+
+
+@pytest.mark.parametrize("doc", [
+    {"text_input": _nested(1000, "a")},  # numpy stops at 64 dimensions: lists left inside
+    {"text_input": "a", "x": _nested(1000, "a")},  # a parameter: repr() of it would recurse
+    {"text_input": "a", "parameters": {"x": _nested(1000, 1)}},
+])
+def test_a_value_nested_1000_deep_is_refused_with_a_short_quote(doc: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        generate_request(doc, (TEXT,), True)
+    assert "must be a string, number or boolean" in caught.value.message
+    assert "[[[[" in caught.value.message and len(caught.value.message) < 200

@@ -28,3 +28,13 @@ def test_the_largest_allowed_shapes_pass() -> None:
     assert check_shape([1] * 64, "x") == (1,) * 64
     assert check_shape([0, 2**56], "x") == (0, 2**56)
     assert check_shape([2**28, 2**28], "x") == (2**28, 2**28)
+
+
+def test_a_nested_shape_is_quoted_briefly() -> None:
+    deep: list[object] = [1]
+    for _ in range(1000):
+        deep = [deep]
+    with pytest.raises(InvalidInput) as caught:
+        check_shape([2, deep], "x")  # repr() of it raises RecursionError
+    assert caught.value.message.startswith("input 'x': shape must be a list of non-negative "
+                                           "integers, got [2, [[[")
