@@ -16,10 +16,19 @@ _LITTLE_ENDIAN = ("<", "|", "=") if sys.byteorder == "little" else ("<", "|")
 
 
 def decode_bytes_elements(raw: memoryview, expected_count: int, input_name: str) -> np.ndarray:
-    """Parse length-prefixed elements into a 1-D object array of bytes."""
+    """Parse length-prefixed elements into a 1-D object array of bytes.
+
+    Stops at the element past expected_count: the work is bounded by what the shape
+    declares, not by what the client sent (60 MiB of empty elements for a [1, 1] tensor)."""
     elements: list[bytes] = []
     offset, end = 0, len(raw)
     while offset < end:
+        if len(elements) == expected_count:
+            raise InvalidInput(
+                f"input '{input_name}': shape needs {expected_count} BYTES elements, got more "
+                f"than {expected_count} ({end - offset} bytes of data remain after element "
+                f"{expected_count})"
+            )
         if offset + 4 > end:
             raise InvalidInput(f"input '{input_name}': BYTES data ends inside an element length")
         (length,) = _LENGTH.unpack_from(raw, offset)

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serval.errors import InvalidInput
+from serval.errors import InvalidInput, shown
 from serval.protocol.bytes_tensor import as_text, tensor_from_raw, tensor_to_raw
 from serval.protocol.classification import class_count
 from serval.protocol.dtypes import numpy_dtype, v2_datatype
-from serval.protocol.shapes import check_shape
+from serval.protocol.shapes import MAX_DIMS, check_shape
 from serval.protocol.shm_tensors import shared_memory_ref
 from serval.protocol.types import (
     InferRequest,
@@ -51,7 +51,7 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
         outputs=_decode_requested_outputs(doc.get("outputs")),
         id=request_id,
         parameters=parameters,
-        binary_output=bool(parameters.get("binary_data_output", False)),
+        binary_output=_flag(parameters, "binary_data_output", "request parameter") or False,
         shared_memory_inputs=shm_inputs,
     )
 
@@ -141,6 +141,16 @@ def _object_field(doc: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
+def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
+    """A boolean parameter: a JSON true or false (as Triton), None when absent; any other
+    value (the string "false", 0, []) is refused, never read as its truth value."""
+    value = params.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidInput(f"{where} '{key}' must be a JSON boolean (true or false), "
+                       f"got {shown(value)}")
+
+
 def _decode_inputs(raw_inputs: Any, binary: _BinarySection,
                    shm_inputs: dict[str, SharedMemoryInput]) -> TensorDict:
     """The inputs carried in the body; those in shared memory go to shm_inputs."""
@@ -192,14 +202,9 @@ def _decode_shape(raw: Any, name: str) -> tuple[int, ...]:
     if not isinstance(raw, list):
         raise InvalidInput(
             f"input '{name}': 'shape' must be a list of non-negative integers, "
-            f"got {_short_repr(raw)}"
+            f"got {shown(raw, 200)}"
         )
     return check_shape(raw, name)
-
-
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _binary_input(
@@ -217,7 +222,7 @@ def _json_input(
     if not isinstance(data, list):
         raise InvalidInput(f"input '{name}': 'data' must be a JSON list")
     if datatype == "BYTES":
-        array = _bytes_from_json(data, name)
+        array = _bytes_from_json(data, name, shape, count)
     else:
         array = _numbers_from_json(data, name, datatype, dtype)
     if array.size != count:
@@ -228,8 +233,12 @@ def _json_input(
     return array.reshape(shape)
 
 
-# JSON value kinds (as numpy infers them) each target kind accepts.
+# JSON value kinds (as numpy infers them) each target kind accepts, and the Python types (as
+# orjson reads JSON values) that stand for them: a JSON boolean is no number, though numpy would
+# read [true, 0.5] as [1.0, 0.5].
 _ACCEPTED_KINDS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
+_ACCEPTED_TYPES = {"f": frozenset((int, float)), "i": frozenset((int,)),
+                   "u": frozenset((int,)), "b": frozenset((bool,))}
 _EXPECTED_WORDS = {"f": "numbers", "i": "numbers (integers)", "u": "numbers (integers)",
                    "b": "true/false values"}
 
@@ -240,13 +249,20 @@ def _numbers_from_json(data: list[Any], name: str, datatype: str, dtype: np.dtyp
     except (ValueError, TypeError, OverflowError) as exc:
         raise InvalidInput(f"input '{name}': data is not valid {datatype}: {exc}") from None
     if datatype == "UINT64" and parsed.dtype.kind in "fO":
-        return _uint64_from_json(data, name)  # numpy reads ints above 2**63 as float64
-    if parsed.size and parsed.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
-        raise InvalidInput(
-            f"input '{name}': {datatype} data must be {_EXPECTED_WORDS[dtype.kind]}, "
-            f"got {_short_repr(_first_scalar(data))}" + _first_offender(parsed, dtype.kind)
-        )
-    if dtype.kind in "iu" and parsed.size:
+        return _uint64_from_json(data, parsed.shape, name)  # ints above 2**63: float64
+    kind = dtype.kind
+    if parsed.size and (parsed.dtype.kind not in _ACCEPTED_KINDS[kind]
+                        or (kind != "b" and _may_hide_booleans(parsed))):
+        offender = _first_offender(data, parsed, _ACCEPTED_TYPES[kind])
+        if offender is not None:
+            index, value = offender
+            raise InvalidInput(f"input '{name}': {datatype} data must be "
+                               f"{_EXPECTED_WORDS[kind]}, got {shown(value, 200)} "
+                               f"(element {index})")
+        if parsed.dtype.kind not in _ACCEPTED_KINDS[kind]:  # not expected: numpy's own kinds
+            raise InvalidInput(f"input '{name}': {datatype} data must be "
+                               f"{_EXPECTED_WORDS[kind]}")
+    if kind in "iu" and parsed.size:
         limits = np.iinfo(dtype)
         if parsed.min() < limits.min or parsed.max() > limits.max:
             raise InvalidInput(
@@ -256,49 +272,90 @@ def _numbers_from_json(data: list[Any], name: str, datatype: str, dtype: np.dtyp
     return parsed.astype(dtype, copy=False)
 
 
-def _uint64_from_json(data: list[Any], name: str) -> np.ndarray:
-    for value in _flatten(data):
-        if type(value) is not int or not 0 <= value < 2**64:
-            raise InvalidInput(
-                f"input '{name}': UINT64 data must be integers in [0, 2**64), "
-                f"got {_short_repr(value)}"
-            )
-    return np.array(data, dtype=np.uint64)
+def _may_hide_booleans(parsed: np.ndarray) -> bool:
+    """Whether numbers numpy read could include JSON booleans: they become exactly 0 or 1."""
+    return parsed.dtype.kind in "iuf" and bool(np.any((parsed == 0) | (parsed == 1)))
 
 
-def _first_offender(parsed: np.ndarray, target_kind: str) -> str:
-    accepted = _ACCEPTED_KINDS[target_kind]
-    for value in parsed.ravel().tolist():
-        if np.asarray(value).dtype.kind not in accepted:
-            return f" (first bad value {_short_repr(value)})"
-    return ""
+def _first_offender(data: list[Any], parsed: np.ndarray,
+                    accepted: frozenset[type]) -> tuple[int, Any] | None:
+    """The first element (row-major index, value) whose JSON type is not accepted; None if
+    none. No Python code runs per element (a null after 8M numbers was seconds of it)."""
+    if data and not isinstance(data[0], list):
+        flat = data
+    else:  # numpy read it as a rectangular array: as objects it holds the JSON values
+        objects = parsed if parsed.dtype == object else np.asarray(data, dtype=object)
+        flat = objects.ravel().tolist()
+    return _first_not_of(flat, accepted)
 
 
-def _bytes_from_json(data: list[Any], name: str) -> np.ndarray:
-    flat = _flatten(data)
+def _first_not_of(flat: list[Any], accepted: frozenset[type]) -> tuple[int, Any] | None:
+    """The first of flat (index, value) whose type is not accepted, or None: two C-speed
+    passes, the second only when there is one."""
+    wrong = set(map(type, flat)) - accepted
+    if not wrong:
+        return None
+    types = list(map(type, flat))
+    index = min(map(types.index, wrong))
+    return index, flat[index]
+
+
+def _uint64_from_json(data: list[Any], shape: tuple[int, ...], name: str) -> np.ndarray:
+    flat = _flatten(data, name)
+    offender = _first_not_of(flat, frozenset((int,)))
+    if offender is None:
+        try:
+            return np.array(flat, dtype=np.uint64).reshape(shape)
+        except OverflowError:  # a negative or one of 2**64 or more: find which
+            objects = np.array(flat, dtype=object)
+            index = int(np.flatnonzero((objects < 0) | (objects >= 2**64))[0])
+            offender = index, flat[index]
+    index, value = offender
+    raise InvalidInput(f"input '{name}': UINT64 data must be integers in [0, 2**64), "
+                       f"got {shown(value, 200)} (element {index})")
+
+
+def _bytes_from_json(data: list[Any], name: str, shape: tuple[int, ...],
+                     count: int) -> np.ndarray:
+    flat = _flatten(data, name, count)
+    if len(flat) != count:
+        has = f"more than {count}" if len(flat) > count else str(len(flat))
+        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, "
+                           f"'data' has {has}")
+    offender = _first_not_of(flat, frozenset((str,)))
+    if offender is not None:
+        index, value = offender
+        raise InvalidInput(f"input '{name}': BYTES data must be strings, got "
+                           f"{shown(value, 200)} (element {index})")
     array = np.empty(len(flat), dtype=object)
-    for index, element in enumerate(flat):
-        if isinstance(element, str):
-            array[index] = element.encode("utf-8")
-        else:
-            raise InvalidInput(
-                f"input '{name}': BYTES data must be strings, got {_short_repr(element)}")
+    array[:] = list(map(str.encode, flat))
     return array
 
 
-def _first_scalar(data: list[Any]) -> Any:
-    value: Any = data
-    while isinstance(value, list) and value:
-        value = value[0]
-    return value
-
-
-def _flatten(data: list[Any]) -> list[Any]:
-    if not any(isinstance(item, list) for item in data):
+def _flatten(data: list[Any], name: str, limit: int | None = None) -> list[Any]:
+    """The scalars of nested lists in order, nested at most MAX_DIMS deep (no recursion: JSON
+    may nest 1024 deep); with a limit, stops once it has more than `limit`."""
+    if list not in set(map(type, data)):
         return data
     flat: list[Any] = []
-    for item in data:
-        flat.extend(_flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is not list:
+                flat.append(item)
+            elif len(stack) >= MAX_DIMS:
+                raise InvalidInput(f"input '{name}': 'data' nests lists more than "
+                                   f"{MAX_DIMS} deep; a tensor has at most {MAX_DIMS} "
+                                   "dimensions")
+            elif list not in set(map(type, item)):  # innermost: all at once
+                flat.extend(item)
+            else:
+                stack.append(iter(item))
+                break
+            if limit is not None and len(flat) > limit:
+                return flat
+        else:
+            stack.pop()
     return flat
 
 
@@ -312,9 +369,9 @@ def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInput("each requested output must be an object with a 'name' string")
         params = _object_field(item, "parameters", f"output '{item['name']}'")
-        binary = params.get("binary_data")
+        binary = _flag(params, "binary_data", f"output '{item['name'][:64]}' parameter")
         requested.append(RequestedOutput(
-            item["name"], None if binary is None else bool(binary),
+            item["name"], binary,
             class_count(params.get("classification", 0), item["name"]),
             shared_memory_ref(params, f"output '{item['name']}'")))
     return requested
