@@ -157,6 +157,17 @@ def test_the_page_and_its_assets_are_served(busy: RunningServer) -> None:
     assert call(busy.url, "GET", "/status?x=1").status == 400
 
 
+def test_an_asset_name_too_long_for_a_file_is_a_plain_404_and_logs_nothing(
+        busy: RunningServer) -> None:
+    for length in (256, 300, 4000):  # past the file system's 255 bytes: was a 500 + traceback
+        reply = call(busy.url, "GET", "/ui/" + "b" * length + ".js")
+        assert reply.status == 404, reply.body
+        assert reply.error.startswith("no status page asset 'bbbb") and len(reply.body) < 400
+    assert call(busy.url, "GET", "/ui/app.js").status == 200  # the server still answers
+    log = busy.log()
+    assert "bbbbbbbb" not in log and "Traceback" not in log
+
+
 def test_status_needs_the_read_scope_when_tokens_are_configured(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from serval.errors import InvalidInput
+from serval.errors import InvalidInput, shown
 from serval.server.http.errors import JSON_HEADERS, Headers, error_body
 from serval.server.http.ui.status import PageQuery, ServerStatus
 
@@ -49,7 +49,8 @@ class StatusRoutes:
         name = "index.html" if parts in ([""], ["ui"], ["ui", ""]) else "/".join(parts[1:])
         body = _asset(name)
         if body is None:
-            return 404, error_body(f"no status page asset '{name}'"), list(JSON_HEADERS)
+            return 404, error_body(f"no status page asset {shown(name, 80)}; the page's files "
+                                   f"are {', '.join(sorted(_assets()))}"), list(JSON_HEADERS)
         kind = _CONTENT_TYPES[name.rsplit(".", 1)[-1]]
         return 200, body, [(b"content-type", kind), *_ASSET_HEADERS]
 
@@ -73,15 +74,21 @@ class StatusRoutes:
         return 200, orjson.dumps(doc), [*JSON_HEADERS, (b"cache-control", b"no-store")]
 
 
-@cache
 def _asset(name: str) -> bytes | None:
-    """A file under static/ (read once); None for anything else, traversal included."""
-    if not name or name.startswith(".") or "/" in name or "\\" in name:
-        return None
-    if name.rsplit(".", 1)[-1] not in _CONTENT_TYPES:
-        return None
-    path = resources.files("serval.server.http.ui").joinpath("static", name)
-    return path.read_bytes() if path.is_file() else None
+    """A file shipped under static/; None for any other name. The client's name is only looked
+    up in the table, never joined to a path nor kept, so no name reaches the file system."""
+    return _assets().get(name)
+
+
+@cache
+def _assets() -> dict[str, bytes]:
+    """Every servable file under static/ by name, read once (a fixed, small table)."""
+    static = resources.files("serval.server.http.ui").joinpath("static")
+    return {
+        entry.name: entry.read_bytes() for entry in static.iterdir()
+        if entry.is_file() and not entry.name.startswith(".")
+        and entry.name.rsplit(".", 1)[-1] in _CONTENT_TYPES
+    }
 
 
 def _params(query: str) -> dict[str, str]:
