@@ -254,6 +254,44 @@ def test_an_invalid_config_override_on_load_is_the_clients_400(server: RunningSe
     assert_clean(server)
 
 
+def test_a_file_name_over_255_bytes_on_load_is_the_clients_400(server: RunningServer) -> None:
+    for key in ("file:1/" + "a" * 256, "file:" + "d" * 300 + "/model.onnx"):
+        reply = post(server, "/v2/repository/models/long_files/load", orjson.dumps(
+            {"parameters": {"config": "{}", key: "eA=="}}))
+        assert reply.status == 400, reply.body  # was a 503 "File name too long"
+        assert "a file or folder name in the path is longer than 255 bytes" in reply.error
+        assert "/tmp" not in reply.error
+    assert_clean(server)
+
+
+def _deep(levels: int, leaf: str) -> str:
+    return "[" * levels + leaf + "]" * levels
+
+
+@pytest.mark.parametrize(("path", "body", "expected"), [
+    ("/v2/models/linear/infer",
+     '{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1, 1], "data": '
+     + _deep(1000, '"a"') + "}]}", "input 'x': 'data' nests lists more than 64 deep"),
+    ("/v2/models/linear/infer",
+     '{"inputs": [{"name": "x", "datatype": "FP32", "shape": ' + _deep(1000, "1")
+     + ', "data": [1]}]}', "shape must be a list of non-negative integers, got [[[["),
+    ("/v2/models/linear/generate", '{"x": ' + _deep(1000, "1") + "}",
+     "generate field 'x' must be a string, number or boolean, or a rectangular list of them"),
+    ("/v2/models/linear/generate", '{"x": 1, "y": ' + _deep(1000, "1") + "}",
+     "generate request parameter 'y' must be a string, number or boolean, got [[[["),
+    ("/v2/logging", '{"log_verbose_level": ' + _deep(1000, "1") + "}",
+     "log setting 'log_verbose_level' must be an integer"),
+    ("/v2/trace/setting", '{"trace_rate": ' + _deep(1000, "1") + "}",
+     "trace setting 'trace_rate' must be a string or a list of strings, got [[[["),
+])
+def test_json_nested_1000_deep_is_a_400_naming_the_field(server: RunningServer, path: str,
+                                                         body: str, expected: str) -> None:
+    reply = post(server, path, body.encode())  # was a 500: RecursionError in repr or numpy
+    assert reply.status == 400, reply.body
+    assert expected in reply.error and len(reply.error) < 400
+    assert_clean(server)
+
+
 # last: a real engine failure logs its traceback (as it should), which the tests above check
 # is absent for client errors
 def test_a_real_engine_failure_stays_500_with_generic_text(server: RunningServer) -> None:

@@ -4,6 +4,7 @@ to a private folder that stands in for the model's folder while the override is 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -28,6 +29,17 @@ FILE_PREFIX = "file:"
 MAX_FILES = 1024  # files in one override
 MAX_FILES_BYTES = TransportLimits.max_request_bytes  # default bound: the largest request body
 _MAX_PATH_BYTES = 1024
+_MAX_NAME_BYTES = 255  # one file or folder name (NAME_MAX on Linux and most file systems)
+# Why writing a checked file can still fail because of what the client asked for (a name this
+# file system refuses): a 400. Any other error is the server's (its disk full): a 503.
+_CLIENTS_ERRNOS = {
+    errno.ENAMETOOLONG: "a file name or path is too long for the server's file system",
+    errno.EINVAL: "a file name is not valid on the server's file system",
+    errno.EILSEQ: "a file name is not valid on the server's file system",
+    errno.EEXIST: "two file parameters name the same file on the server's file system",
+    errno.ENOTDIR: "a file parameter puts a file inside another file",
+    errno.EISDIR: "a file parameter names a folder that another puts files in",
+}
 _MAX_SHOWN = 80  # how much of a client's parameter name an error quotes
 _SETTINGS = frozenset(ModelConfig.model_fields)
 _TRITON = frozenset(name for field in mc.ModelConfig.DESCRIPTOR.fields
@@ -221,6 +233,10 @@ def _relative_path(name: str, key: str) -> PurePosixPath:
                            "must stay inside the model's folder")
     if len(raw.encode("utf-8", "surrogatepass")) > _MAX_PATH_BYTES:
         raise InvalidInput(f"{where}: the path is longer than {_MAX_PATH_BYTES} bytes")
+    for part in parts:
+        if len(part.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES:
+            raise InvalidInput(f"{where}: a file or folder name in the path is longer than "
+                               f"{_MAX_NAME_BYTES} bytes, the most a file system allows")
     return PurePosixPath(*parts)
 
 
@@ -241,8 +257,12 @@ def write_files(name: str, files: Mapping[PurePosixPath, bytes]) -> Path:
         shutil.rmtree(root, ignore_errors=True)
         raise InvalidInput(f"failed to load '{name}': a file path is not valid Unicode "
                            "text") from None
-    except OSError as exc:  # the server's disk, not the client's request
+    except OSError as exc:
         shutil.rmtree(root, ignore_errors=True)
+        if exc.errno in _CLIENTS_ERRNOS:
+            raise InvalidInput(f"failed to load '{name}': its files could not be written: "
+                               f"{_CLIENTS_ERRNOS[exc.errno]}") from None
+        # the server's disk (full, read-only, failing), not the client's request
         raise ModelNotReady(f"failed to load '{name}': its files could not be written: "
                             f"{exc.strerror or exc}") from None
     return folder

@@ -5,6 +5,8 @@ Runtime), keeping the serving version when the override fails, forgetting it on 
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.errors import InvalidInput, LoadFailed
+from serval.errors import InvalidInput, LoadFailed, ModelNotReady
 from serval.repository.overrides import (
     LoadOverride,
     check_files,
@@ -92,6 +94,29 @@ def test_files_are_bounded_and_cannot_collide() -> None:
         check_files("m", {"file:1/a": b"", "file:1/a/b": b""}, 2)
     with pytest.raises(InvalidInput, match=r"does not start with '\.' or '_'"):
         check_files("..", {"file:1/a": b""}, 2)
+
+
+def test_a_name_in_a_path_past_255_bytes_is_the_clients_400() -> None:
+    for key in ("file:1/" + "a" * 256, "file:" + "\u00e9" * 128 + "/model.onnx"):
+        with pytest.raises(InvalidInput, match="a file or folder name in the path is longer "
+                                               "than 255 bytes"):
+            check_files("m", {key: b"x"}, 1024)
+    assert check_files("m", {"file:1/" + "a" * 255: b"x"}, 1024)
+
+
+def test_a_name_the_file_system_refuses_is_the_clients_400_and_a_full_disk_the_servers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidInput) as caught:  # past check_files: what the file system says
+        write_files("m", {PurePosixPath("1", "a" * 300): b"x"})
+    assert caught.value.message == ("failed to load 'm': its files could not be written: a "
+                                    "file name or path is too long for the server's file system")
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(ModelNotReady, match="could not be written: No space left on device"):
+        write_files("m", {PurePosixPath("1", "model.onnx"): b"x"})
 
 
 def test_files_need_a_config_and_are_written_privately(tmp_path: Path) -> None:
