@@ -125,6 +125,14 @@ BAD_INPUTS = [
      "data must be numbers"),
     ({"inputs": [LINEAR_INPUT], "outputs": [{"name": "nope"}]}, "has no output 'nope'"),
     ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8]}]}, "neither 'data'"),
+    # wrong JSON types: never read as their truth value (Triton refuses them too)
+    ({"inputs": [LINEAR_INPUT], "parameters": {"binary_data_output": "false"}},
+     "request parameter 'binary_data_output' must be a JSON boolean (true or false), "
+     "got 'false'"),
+    ({"inputs": [LINEAR_INPUT], "outputs": [{"name": "y", "parameters": {"binary_data": "no"}}]},
+     "output 'y' parameter 'binary_data' must be a JSON boolean"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8],
+                  "data": [True] + [0.5] * 7}]}, "FP32 data must be numbers, got True (element 0)"),
 ]
 
 
@@ -233,3 +241,18 @@ def test_cuda_model_on_a_cpu_machine_fails_its_load_clearly(
     doc = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
                       for n in ("INPUT0", "INPUT1")]}
     assert infer(server.url, "add_sub", doc).status == 200
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"ready": "false"}', "repository index 'ready' must be a JSON boolean (true or false), "
+                            "got 'false'"),
+    (b'{"ready": 1}', "'ready' must be a JSON boolean"),
+    (b'{"parameters": []}', "'parameters' must be a JSON object, got []"),
+])
+def test_repository_options_of_the_wrong_type_are_a_400(server: RunningServer, body: bytes,
+                                                        message: str) -> None:
+    reply = call(server.url, "POST", "/v2/repository/index", body)
+    assert reply.status == 400 and message in reply.error, reply.body
+    ready = call(server.url, "POST", "/v2/repository/index", b'{"ready": true}')
+    assert ready.status == 200 and all(model["state"] == "READY" for model in ready.json())
+

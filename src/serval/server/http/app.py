@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import re
 import time
 import zlib
 from typing import Any
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from serval.auth import Action, TokenStore, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
-from serval.errors import InvalidInput, ServalError
+from serval.errors import InvalidInput, ServalError, shown
 from serval.protocol.rest_codec import decode_request, encode_response, json_object
 from serval.server.http.errors import (
     JSON_HEADERS,
@@ -175,7 +176,11 @@ class HttpApp:
             return _method_not_allowed(method, "/v2/repository (use POST)")
         params = _repository_parameters(body)
         if parts == ["index"]:
-            return _json(self.dataplane.repository_index(bool(params.get("ready", False))))
+            ready = params.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidInput("repository index 'ready' must be a JSON boolean (true or "
+                                   f"false), got {shown(ready)}")
+            return _json(self.dataplane.repository_index(ready))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             if parts[2] == "load":
                 await self.dataplane.load_model(parts[1], params.get("config"),
@@ -183,7 +188,8 @@ class HttpApp:
             else:
                 dependents = params.get("unload_dependents", False)
                 if not isinstance(dependents, bool):
-                    raise InvalidInput("parameter 'unload_dependents' must be a boolean")
+                    raise InvalidInput("parameter 'unload_dependents' must be a JSON boolean "
+                                       f"(true or false), got {shown(dependents)}")
                 await self.dataplane.unload_model(parts[1], dependents)
             return _status_only(200)
         return _not_found(method, "/v2/repository/" + "/".join(parts))
@@ -271,9 +277,11 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
     doc = json_object(body, "request body", "a JSON object")
-    parameters = doc.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("'parameters' must be a JSON object")
+    parameters = doc.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif not isinstance(parameters, dict):  # [] too: never read as "no parameters"
+        raise InvalidInput(f"'parameters' must be a JSON object, got {shown(parameters)}")
     return {**doc, **parameters}
 
 
@@ -327,11 +335,12 @@ def _header_length(value: bytes) -> int:
     return int(stripped)
 
 
+_DECIMAL = re.compile(rb"\s*(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*")  # ASCII digits only
+
+
 def _timeout_ms(value: bytes) -> float:
-    try:
-        timeout_ms = float(value.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        timeout_ms = math.nan
+    # float() alone would take "1_000", "infinity" or non-ASCII digits
+    timeout_ms = float(value) if _DECIMAL.fullmatch(value) else math.nan
     if not 0 < timeout_ms <= MAX_TIMEOUT_MS:  # NaN and inf fail here too
         raise InvalidInput(
             "Serval-Timeout-Ms must be a positive number of milliseconds, at most "

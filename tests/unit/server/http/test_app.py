@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from serval.errors import InvalidInput
-from serval.server.http.app import _decompress, _file_parameters, _header_length, _timeout_ms
+from serval.server.http.app import (
+    _decompress,
+    _file_parameters,
+    _header_length,
+    _repository_parameters,
+    _timeout_ms,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +48,23 @@ def test_file_parameters_are_base64_and_other_parameters_are_left_alone() -> Non
         with pytest.raises(InvalidInput, match="failed to load 'm': parameter 'file:1/a' must "
                                                "be the file's bytes as base64"):
             _file_parameters("m", {"file:1/a": value})
+
+
+@pytest.mark.parametrize("value", [b"1_000", b"\xef\xbc\x91\xef\xbc\x92", b"0x10", b"1e", b"."])
+def test_timeouts_are_plain_ascii_decimals(value: bytes) -> None:
+    with pytest.raises(InvalidInput, match="must be a positive number of milliseconds"):
+        _timeout_ms(value)
+    assert _timeout_ms(b"1e3") == 1000.0 and _timeout_ms(b".5") == 0.5
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"parameters": []}', "'parameters' must be a JSON object, got []"),
+    (b'{"parameters": "x"}', "'parameters' must be a JSON object, got 'x'"),
+    (b'{"parameters": 0}', "'parameters' must be a JSON object, got 0"),
+])
+def test_repository_parameters_must_be_an_object(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _repository_parameters(body)
+    assert caught.value.message == message
+    assert _repository_parameters(b'{"parameters": null, "ready": true}') == {
+        "parameters": None, "ready": True}

@@ -17,7 +17,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from serval import __version__
-from serval.errors import ConfigError, InvalidInput, ModelNotFound
+from serval.errors import ConfigError, InvalidInput, ModelNotFound, shown
 from serval.observability.window import POINTS_PER_SECOND, Rates, VersionWindow
 from serval.repository.store import history
 
@@ -296,12 +296,11 @@ def _int_param(params: dict[str, str], key: str, default: int, low: int, high: i
     raw = params.get(key)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
+    # ASCII digits only: int() would also take full-width digits, " 12" and "1_2"
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 19 else low - 1
     if not low <= value <= high:
-        raise InvalidInput(f"{key} must be an integer from {low} to {high}, got {raw!r}")
+        raise InvalidInput(f"{key} must be an integer from {low} to {high}, got "
+                           f"{shown(raw, 80)}")
     return value
 
 

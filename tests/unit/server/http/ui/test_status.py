@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from serval.errors import InvalidInput
 from serval.observability.window import POINTS_PER_SECOND
 from serval.repository.served import ModelState, ServedModel
 from serval.server.http.ui.status import PageQuery, ServerStatus
@@ -51,3 +52,10 @@ def test_only_the_busiest_versions_get_chart_points_and_state_changes_become_eve
     events = status.summary()["events"]
     assert [(e["model"], e["state"], e["reason"]) for e in events] == [
         ("m000", "EVICTED", "evicted to fit the budget")]
+
+
+@pytest.mark.parametrize("value", ["\uff11\uff12", " 12", "1_2", "+3", "-1", "9" * 30, ""])
+def test_page_numbers_are_plain_ascii_digits(value: str) -> None:
+    with pytest.raises(InvalidInput, match="page must be an integer from 1 to 1000000000"):
+        PageQuery.parse({"page": value})
+    assert PageQuery.parse({"page": "12"}).page == 12
