@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import signal
 import socket
@@ -76,6 +77,26 @@ def test_chunked_request_body(server: RunningServer) -> None:
     head = b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
     with _connect(server) as sock:
         sock.sendall(head + chunked + b"0\r\n\r\n")
+        (response,) = _read_responses(sock, 1)
+    assert response.startswith(b"HTTP/1.1 200 OK")
+
+
+@pytest.mark.parametrize("codings", [b"gzip, chunked", b"deflate,chunked", b"x-custom, Chunked"])
+def test_a_transfer_coding_other_than_chunked_is_501(server: RunningServer,
+                                                     codings: bytes) -> None:
+    gzipped = gzip.compress(BODY)  # what the client says it sent: was read as plain JSON
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(gzipped), gzipped)
+    head = (b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: %s\r\n"
+            b"\r\n" % codings)
+    with _connect(server) as sock:
+        sock.sendall(head + chunked)
+        (response,) = _read_responses(sock, 1)
+    assert response.startswith(b"HTTP/1.1 501 Not Implemented"), response
+    coding = codings.split(b",")[0].strip().lower().decode()
+    assert f"Transfer-Encoding '{coding}' is not supported".encode() in response
+    with _connect(server) as sock:  # chunked alone, in any case, is read as ever
+        sock.sendall(head.replace(codings, b"CHUNKED") + b"%x\r\n%s\r\n0\r\n\r\n" % (
+            len(BODY), BODY))
         (response,) = _read_responses(sock, 1)
     assert response.startswith(b"HTTP/1.1 200 OK")
 
