@@ -21,6 +21,7 @@ counted in the log.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,9 @@ import orjson
 
 from serval.errors import InvalidInput, shown
 
+# ASCII digits: str.isdigit() also takes full-width and superscript digits (int() fails on
+# the latter: a 500), and lstrip("-") took "--5"
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
 log = logging.getLogger(__name__)
 
 Value = str | list[str]
@@ -201,7 +205,7 @@ class Tracer:
                                    f"Triton's JSON traces), got {shown(text)}")
         else:
             low = _MINIMUM[name]
-            if not text.lstrip("-").isdigit() or len(text) > 19 or int(text) < low:
+            if not _INTEGER.fullmatch(text) or int(text) < low:
                 raise InvalidInput(f"trace setting '{name}' must be an integer >= {low}, got "
                                    f"{shown(text)}")
             text = str(int(text))

@@ -75,6 +75,10 @@ def test_a_global_null_restores_the_default(tmp_path: Path) -> None:
     ({"trace_rate": "0"}, "'trace_rate' must be an integer >= 1, got '0'"),
     ({"trace_rate": "1e3"}, "'trace_rate' must be an integer"),
     ({"trace_count": "-2"}, "'trace_count' must be an integer >= -1"),
+    ({"trace_rate": "\uff11\uff12"}, "'trace_rate' must be an integer"),  # full-width 12
+    ({"trace_rate": "\u00b2"}, "'trace_rate' must be an integer"),  # superscript 2: was a 500
+    ({"trace_count": "--5"}, "'trace_count' must be an integer"),  # was a 500
+    ({"trace_rate": "1" * 19}, "'trace_rate' must be an integer"),
     ({"log_frequency": ["1", "2"]}, "'log_frequency' takes one value, got 2"),
     ({"trace_rate": True}, "must be a string or a list of strings"),
     ({"trace_rate": {"a": 1}}, "must be a string or a list of strings"),
