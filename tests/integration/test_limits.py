@@ -108,29 +108,6 @@ def test_an_oversized_content_length_is_refused_without_sending_the_body(
     assert answer.startswith(b"HTTP/1.1 413") and b"999999999 bytes" in answer
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_a_chunk_size_over_the_limit_is_refused_when_its_line_arrives(
-        limited: RunningServer, split: bool) -> None:
-    """No byte of the chunk is sent: the size line alone gets the 413 (it was awaited until
-    10 KiB of it had arrived), whether the headers and the line come together or apart."""
-    host, port = limited.url.split(":")
-    head = (b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: x\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        if split:
-            sock.sendall(head[:-2])
-            sock.sendall(head[-2:] + b"10\r\n" + b"y" * 16 + b"\r\n")
-            sock.sendall(b"3b9aca00\r\n")  # 1 GB
-        else:
-            sock.sendall(head + b"3b9aca00;x=y\r\n")
-        answer = sock.recv(65536)
-    assert answer.startswith(b"HTTP/1.1 413"), answer
-    announced = 1_000_000_000 + (16 if split else 0)
-    assert b"chunked request body announces %d bytes" % announced in answer
-    assert b"--max-request-mb" in answer
-    assert infer(limited.url, "linear", _rows(2)).status == 200
-
-
 def test_chunked_bodies_within_the_limit_pipelined_and_split_anywhere_are_read(
         limited: RunningServer) -> None:
     body = orjson.dumps(_rows(2))

@@ -19,7 +19,6 @@ from urllib.parse import unquote
 import httptools
 
 from serval.server.http.app import HttpApp, RawHeaders
-from serval.server.http.chunks import ChunkSizes
 from serval.server.http.wire import Refusal, refusal
 from serval.server.limits import TransportGuards
 
@@ -61,8 +60,6 @@ class RequestReader(asyncio.Protocol):
         self.stalled = 0  # bytes fed with no callback at all (inside one header or chunk line)
         self.slice_bytes = min(self.max_header_bytes, _SLICE_BYTES)
         self.unparsed: memoryview | None = None  # read, kept back while enough requests wait
-        self.chunk_sizes = ChunkSizes()  # a chunked body's size lines, as they arrive
-        self.stream_tail = b""  # the last 3 bytes parsed: a CRLF CRLF may span two reads
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -200,7 +197,6 @@ class RequestReader(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self.parser is not None
-        self.chunk_sizes.stop()
         self.progress, self.in_body, self.started = True, False, False
         self.continue_owed = False
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
@@ -213,42 +209,6 @@ class RequestReader(asyncio.Protocol):
     # limits ----------------------------------------------------------------------------------
 
     def _feed(self, data: bytes | memoryview) -> None:
-        """Parse data. Between requests the stream is cut after each CRLF CRLF (a header
-        block's end, llhttp being strict), so a chunked body's size lines are read from its
-        first byte (`ChunkSizes`): a size past the limit is a 413 before its bytes. A body
-        that starts in the bytes after another body's end in one read goes uncounted; only
-        the 413 as its bytes arrive guards it."""
-        if not self.in_body:
-            view = memoryview(data)
-            stream, skew = self.stream_tail + bytes(data), len(self.stream_tail)
-            start = position = 0  # in stream, in data
-            while not self.in_body and not self.refused and self.parser is not None:
-                end = stream.find(b"\r\n\r\n", start)
-                if end < 0:
-                    break
-                start, cut = end + 4, end + 4 - skew
-                self._parse_tracked(view[position:cut])
-                position = cut
-                if self.in_body and self.chunked:
-                    self.chunk_sizes.start()
-            data = view[position:]
-        if data and not self.refused and self.parser is not None:
-            if self.chunk_sizes.active:
-                announced = self.chunk_sizes.feed(data)
-                if announced > self.max_body_bytes:
-                    self._refuse(refusal(413, f"chunked request body announces {announced} "
-                                              "bytes, more than this server's limit of "
-                                              f"{self.max_body_bytes} bytes "
-                                              "(--max-request-mb)"), "request limit")
-                    return
-            self._parse_tracked(data)
-
-    def _parse_tracked(self, data: bytes | memoryview) -> None:
-        """Parse data, keeping its last bytes: a header block's end may span two reads."""
-        self.stream_tail = (self.stream_tail + bytes(data[-3:]))[-3:]
-        self._parse(data)
-
-    def _parse(self, data: bytes | memoryview) -> None:
         assert self.parser is not None
         self.progress = False
         try:
