@@ -97,9 +97,13 @@ def bearer(authorization: str | None) -> str | None:
 
 def _read_entries(path: Path) -> list[dict[str, object]]:
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: cannot read tokens: not UTF-8 text (byte "
+                          f"{exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read tokens: {exc}") from None
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"{path}: cannot read tokens: {reason}") from None
     entries = doc.get("tokens", []) if isinstance(doc, dict) else None
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: expected a 'tokens' list")

@@ -3,6 +3,7 @@ limits; a model's configuration is serval.model_config."""
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 from dataclasses import dataclass
@@ -19,6 +20,25 @@ _NODE_NAME = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 MIB = 1024 * 1024
+H2_MAX_WINDOW = 2**31 - 1  # RFC 9113 6.9.1: the largest flow-control window
+_U32 = 2**32 - 1  # an HTTP/2 SETTINGS value; a gRPC message's length prefix
+# the largest value a limit may take where its protocol sets one: beyond, the server could
+# not announce or frame it (a window of 2^31 bytes breaks every HTTP/2 connection)
+LIMIT_MAXIMA = {
+    "h2_stream_window_bytes": (H2_MAX_WINDOW, "HTTP/2's largest window"),
+    "h2_connection_window_bytes": (H2_MAX_WINDOW, "HTTP/2's largest window"),
+    "h2_max_concurrent_streams": (H2_MAX_WINDOW, "HTTP/2's stream identifiers"),
+    "h2_max_header_list_bytes": (_U32, "an HTTP/2 SETTINGS value"),
+    "max_message_bytes": (_U32, "a gRPC message's 4-byte length"),
+}
+
+
+class LimitError(ValueError):
+    """A transport limit out of its range; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"transport limit {field} {message}")
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -56,8 +76,13 @@ class TransportLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
+            if not math.isfinite(value):
+                raise LimitError(name, f"must be a finite number, got {value}")
             if value < 0 or (value == 0 and name != "max_connections"):
-                raise ValueError(f"transport limit {name} must be positive, got {value}")
+                raise LimitError(name, f"must be positive, got {value}")
+            maximum, why = LIMIT_MAXIMA.get(name, (None, ""))
+            if maximum is not None and value > maximum:
+                raise LimitError(name, f"must be at most {maximum:,} ({why}), got {value:,}")
 
 
 class ServerConfig(Strict):

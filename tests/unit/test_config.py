@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -167,3 +168,21 @@ def test_the_agent_port_is_a_port_of_its_own(tmp_path: Path) -> None:
             ServerConfig(repository=tmp_path, agent_port=port)
     with pytest.raises(ValidationError):
         ServerConfig(repository=tmp_path, drain_delay_s=-1)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("h2_stream_window_bytes", 2**31, "at most 2,147,483,647 (HTTP/2's largest window)"),
+    ("h2_connection_window_bytes", 2**40, "at most 2,147,483,647"),
+    ("h2_max_header_list_bytes", 2**32, "an HTTP/2 SETTINGS value"),
+    ("max_message_bytes", 2**32, "a gRPC message's 4-byte length"),
+    ("header_timeout_s", float("inf"), "must be a finite number"),
+    ("body_timeout_s", float("nan"), "must be a finite number"),
+])
+def test_transport_limits_refuse_values_the_protocols_cannot_carry(
+        field: str, value: float, message: str) -> None:
+    from serval.config import LimitError, TransportLimits
+
+    with pytest.raises(LimitError, match=re.escape(message)) as caught:
+        TransportLimits(**{field: value})
+    assert caught.value.field == field
+    TransportLimits(h2_stream_window_bytes=2**31 - 1, h2_connection_window_bytes=2**31 - 1)

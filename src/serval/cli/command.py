@@ -4,6 +4,7 @@ errors, `fail` from a command, an OSError that reaches the top)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, NoReturn
 
@@ -20,7 +21,17 @@ COMMANDS = "Commands"
 
 
 class ServalCommand(TyperCommand):
-    """A command whose help keeps every option name whole."""
+    """A command whose help keeps every option name whole, and whose number flags take finite
+    numbers only (inf and nan are refused as the flag is read)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        for param in self.get_params(ctx):
+            value = ctx.params.get(param.name)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise typer.BadParameter(f"{item} is not a finite number", ctx=ctx,
+                                             param=param)
+        return super().invoke(ctx)
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         print_help(self, ctx)

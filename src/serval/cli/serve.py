@@ -10,12 +10,22 @@ from pydantic import ValidationError
 
 from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
-from serval.config import MIB, ServerConfig, TransportLimits, server_default
+from serval.config import MIB, LimitError, ServerConfig, TransportLimits, server_default
 from serval.errors import ConfigError, ServalError
 
 KIB = 1024
 _BALANCER = "Behind a load balancer"
 _DEFAULT_LIMITS = TransportLimits()
+# the limits whose flag takes another unit than the field
+_LIMIT_FLAGS = {"receive_budget_bytes": "--receive-budget-mb",
+                "max_request_bytes": "--max-request-mb", "write_buffer_bytes": "--write-buffer-kb",
+                "max_message_bytes": "--grpc-max-message-mb",
+                "h2_stream_window_bytes": "--h2-stream-window-kb",
+                "h2_connection_window_bytes": "--h2-connection-window-mb"}
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def _limit(field: str, help_text: str, unit: int = 1) -> Any:
@@ -243,6 +253,9 @@ def serve_command(
         )
     except ValidationError as exc:
         raise typer.BadParameter(_one_line(exc)) from None
+    except LimitError as exc:
+        raise typer.BadParameter(f"{_LIMIT_FLAGS.get(exc.field, _flag(exc.field))}: {exc}"
+                                 ) from None
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     if not repository.is_dir():
@@ -254,6 +267,7 @@ def serve_command(
     if grpc_port and grpc_port == http_port:
         fail(f"--grpc-port and --http-port are both {grpc_port}")
     _check_tls(tls_cert, tls_key)
+    _check_tokens(auth_tokens)
     try:
         serve(config)
     except ConfigError as exc:
@@ -332,6 +346,17 @@ def _workers(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise typer.BadParameter(f"--workers takes a number or auto, got {text!r}") from None
+
+
+def _check_tokens(path: Path | None) -> None:
+    """A tokens file that does not read fails here, before any model loads."""
+    from serval.auth import TokenStore
+
+    if path is not None:
+        try:
+            TokenStore.from_file(path)
+        except ConfigError as exc:
+            fail(str(exc))
 
 
 def _check_tls(cert: Path | None, key: Path | None) -> None:
