@@ -25,7 +25,8 @@ class ServalCommand(TyperCommand):
     numbers only (inf and nan are refused as the flag is read)."""
 
     def invoke(self, ctx: Any) -> Any:
-        for param in self.get_params(ctx):
+        params: list[Any] = self.get_params(ctx)
+        for param in params:
             value = ctx.params.get(param.name)
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(item, float) and not math.isfinite(item):
