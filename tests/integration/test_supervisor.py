@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from serval.backends.cores import usable_cores
+from serval.server.supervisor import STARTUP_FAILED, Supervisor
 from tests import fixture_models
-from tests.conftest import RunningServer
+from tests.conftest import RunningServer, free_port
 from tests.integration.http_helpers import infer
 
 pytestmark = pytest.mark.integration
@@ -93,3 +95,53 @@ def test_auto_workers_serve_http_bound_models_from_a_process_per_core(
         _workers_when(server.process.pid, lambda pids: len(pids) == expected)
     assert '"why":"auto: ' in server.log()
     assert [infer(server.url, "linear", X).status for _ in range(10)] == [200] * 10
+
+
+def _serve_workers(repository: Path, http_port: int, grpc_port: int
+                   ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "serval", "serve", "--repository",
+                           str(repository), "--http-port", str(http_port), "--grpc-port",
+                           str(grpc_port), "--workers", "2"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_workers_on_a_port_in_use_are_refused_in_one_line(tmp_path: Path) -> None:
+    """Each worker binds with SO_REUSEPORT: without a check first they failed and were
+    restarted for ever (a plain socket on the port) or shared it with another server."""
+    fixture_models.linear(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _serve_workers(tmp_path, port, 0)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+    assert len(said) == 1 and f"cannot listen on 127.0.0.1:{port} (--http-port)" in said[0], (
+        done.stderr)
+    assert "Traceback" not in done.stderr
+
+
+def test_a_second_server_with_workers_cannot_share_a_running_ones_port(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    first = server_factory(tmp_path, "--workers", "2")
+    _workers_when(first.process.pid, lambda workers: len(workers) == 2)
+    for http_port, grpc_port, flag in ((first.port, 0, "--http-port"),
+                                       (free_port(), first.grpc_port, "--grpc-port")):
+        done = _serve_workers(tmp_path, http_port, grpc_port)
+        assert done.returncode != 0, done.stderr
+        assert f"({flag}): Address already in use" in done.stderr
+    assert [infer(first.url, "linear", X).status for _ in range(10)] == [200] * 10
+
+
+def test_a_worker_that_cannot_start_stops_them_all() -> None:
+    """A worker exiting with STARTUP_FAILED would fail again: no restart loop."""
+    supervisor = Supervisor(3, _exit_with, (STARTUP_FAILED,))
+    started = time.monotonic()
+    assert supervisor.run() == STARTUP_FAILED
+    assert supervisor.restarts == 0 and time.monotonic() - started < 30
+    assert all(worker is not None and not worker.is_alive() for worker in supervisor.workers)
+
+
+def _exit_with(code: int) -> None:
+    raise SystemExit(code)

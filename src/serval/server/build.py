@@ -259,6 +259,16 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
     return Server(stack, http, tracker, grpc, node, agent)
 
 
+def check_ports_free(config: ServerConfig) -> None:
+    """OSError naming the flag of a port something already listens on. Before workers start:
+    each binds with SO_REUSEPORT, which would share a port with another server of this user
+    (two servers answering one port) where a plain bind fails."""
+    for flag, port in (("--http-port", config.http_port), ("--grpc-port", config.grpc_port),
+                       ("--agent-port", config.agent_port)):
+        if port:
+            _bind(config.host, port, flag, reuse_port=False).close()
+
+
 def _bind(host: str, port: int, flag: str, reuse_port: bool) -> socket.socket:
     """A listening socket; OSError naming the address and its flag when it cannot be had."""
     try:

@@ -9,9 +9,10 @@ import os
 import signal
 
 from serval.config import ServerConfig
+from serval.errors import ConfigError
 from serval.observability.logging import configure_logging
-from serval.server.build import GRACEFUL_SHUTDOWN_S, start_server, stop_server
-from serval.server.supervisor import Supervisor
+from serval.server.build import GRACEFUL_SHUTDOWN_S, check_ports_free, start_server, stop_server
+from serval.server.supervisor import STARTUP_FAILED, Supervisor
 from serval.server.workers import resolve_workers
 
 log = logging.getLogger(__name__)
@@ -19,13 +20,18 @@ log = logging.getLogger(__name__)
 
 def serve(config: ServerConfig) -> None:
     """Run the server in this process, or in `workers` processes sharing the port (the count
-    chosen or checked first: server/workers.py)."""
+    chosen or checked first: server/workers.py). OSError for a port in use and ConfigError
+    for a worker that cannot start, before or instead of serving."""
     configure_logging(config.log_level)
     config = resolve_workers(config)
     if config.worker_count == 1:
         run_worker(config, reuse_port=False)
         return
+    check_ports_free(config)
     code = Supervisor(config.worker_count, run_worker, (config, True)).run()
+    if code == STARTUP_FAILED:
+        raise ConfigError("a worker could not start (the log line above says why); every "
+                          "worker was stopped")
     if code:
         raise SystemExit(code)
 
@@ -43,7 +49,14 @@ def run_worker(config: ServerConfig, reuse_port: bool) -> None:
 
 
 async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
-    server = await start_server(config, reuse_port=reuse_port, freeze_gc=True)
+    try:
+        server = await start_server(config, reuse_port=reuse_port, freeze_gc=True)
+    except (OSError, ConfigError) as exc:
+        if not reuse_port:  # the only process: the command says why
+            raise
+        # a worker: restarting it would fail the same way (the supervisor stops them all)
+        log.error("a worker could not start", extra={"reason": str(exc), "pid": os.getpid()})
+        raise SystemExit(STARTUP_FAILED) from None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

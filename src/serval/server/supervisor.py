@@ -1,4 +1,6 @@
-"""Keeps `--workers N` serving processes up: a worker that dies is restarted; SIGTERM drains all."""
+"""Keeps `--workers N` serving processes up: a worker that dies is restarted; SIGTERM drains all.
+A worker that exits with STARTUP_FAILED could not start (a port taken, a bad setting): it would
+fail again, so every worker is stopped and the supervisor returns that code."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MAX_S = 10.0
 HEALTHY_AFTER_S = 30.0  # a worker that lived this long resets the crash-loop backoff
+STARTUP_FAILED = 78  # EX_CONFIG: a worker that cannot start; not restarted
 
 
 class Supervisor:
@@ -29,6 +32,7 @@ class Supervisor:
         self.backoff_s = [0.0] * count
         self.restarts = 0
         self.stopping = False
+        self.failed = False  # a worker could not start
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT, then forward it and wait; 0 when every worker exited 0."""
@@ -44,6 +48,8 @@ class Supervisor:
             if worker is not None:
                 worker.join()
                 codes.append(worker.exitcode)
+        if self.failed:
+            return STARTUP_FAILED
         # a worker stopped by the signal before it installed its handler had nothing in flight
         clean = (0, -signal.SIGTERM, -signal.SIGINT)
         return 0 if all(code in clean for code in codes) else 1
@@ -66,6 +72,10 @@ class Supervisor:
         worker = self.workers[slot]
         assert worker is not None
         worker.join()
+        if worker.exitcode == STARTUP_FAILED:
+            self.stopping = self.failed = True
+            self._forward(signal.SIGTERM)
+            return
         lived_s = time.monotonic() - self.started_at[slot]
         backoff_s = 0.0 if lived_s > HEALTHY_AFTER_S else min(
             RESTART_BACKOFF_MAX_S, max(0.5, 2 * self.backoff_s[slot]))
