@@ -109,7 +109,7 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
     repository = tmp_path / "repo"
     source = next(models.glob(f"{long_name}/1/*.onnx"))
     note = "exported-from-a-notebook-by-someone-who-writes-long-provenance-notes"
-    assert _serval("repo", "publish", str(source), "-r", str(repository), "-m", "clf",
+    assert _serval("repo", "publish", "--create", str(source), "-r", str(repository), "-m", "clf",
                    "--note", note).returncode == 0
     history = _serval("repo", "history", "clf", "-r", str(repository), columns=80)
     assert history.returncode == 0 and note in history.stdout, history.stdout

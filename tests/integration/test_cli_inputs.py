@@ -53,3 +53,54 @@ def test_a_tokens_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
                   "--auth-tokens", str(tokens)]):
         assert_one_line(serval(*args), "cannot read tokens: not UTF-8 text")
     assert tokens.read_bytes() == b"\xff\xfe"
+
+
+@pytest.mark.parametrize("server", ["not a url", "localhost:abc", "[::1", "ftp://host:1",
+                                    "localhost", "localhost:70000", "localhost:1/path"])
+@pytest.mark.parametrize("command", ["publish", "rollback", "unpin", "restore"])
+def test_repo_refuses_a_malformed_server_before_changing_anything(
+        tmp_path: Path, command: str, server: str) -> None:
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"onnx")
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    args = {"publish": ["publish", str(source), "-m", "m"], "rollback": ["rollback", "m"],
+            "unpin": ["unpin", "m"], "restore": ["restore", "snap"]}[command]
+    result = serval("repo", *args, "-r", str(repository), "--server", server)
+    assert_one_line(result, "Invalid value for '--server'")
+    assert list(repository.iterdir()) == []
+
+
+def test_repo_publish_refuses_nothing_to_publish_and_a_missing_repository(tmp_path: Path
+                                                                          ) -> None:
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    assert_one_line(serval("repo", "publish", str(empty), "-r", str(repository), "-m", "m"),
+                    "nothing to publish (the folder holds no model file)")
+    assert list(repository.iterdir()) == []
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"onnx")
+    typo = tmp_path / "typo" / "repo"
+    assert_one_line(serval("repo", "publish", str(source), "-r", str(typo), "-m", "m"),
+                    "model repository directory not found (--create makes a new one)")
+    assert not (tmp_path / "typo").exists()
+    created = serval("repo", "publish", str(source), "-r", str(typo), "-m", "m", "--create")
+    assert created.returncode == 0 and (typo / "m" / "1" / "model.onnx").is_file()
+
+
+def test_repo_verify_checks_every_version_past_a_broken_manifest(tmp_path: Path) -> None:
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"onnx")
+    repository = tmp_path / "repo"
+    for _ in range(3):
+        serval("repo", "publish", str(source), "-r", str(repository), "-m", "m", "--create")
+    (repository / "m" / "1" / "manifest.json").write_text("{not json")
+    (repository / "m" / "2" / "manifest.json").write_text("[1, 2]")
+    result = serval("repo", "verify", "-r", str(repository))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines() == [
+        "m version 1: corrupted: manifest.json: not valid JSON",
+        "m version 2: corrupted: manifest.json: not a JSON object",
+        "m version 3: ok"]

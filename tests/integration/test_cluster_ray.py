@@ -54,7 +54,7 @@ def _serval(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _publish(tmp: Path, repository: Path, model: str, seed: int) -> None:
     built = fixture_models.linear(tmp / f"build-{model}-{seed}", seed=seed)
-    result = _serval("repo", "publish", str(built), "--repository", str(repository),
+    result = _serval("repo", "publish", "--create", str(built), "--repository", str(repository),
                      "--model", model, "--note", f"seed {seed}")
     assert result.returncode == 0, result.stderr
 

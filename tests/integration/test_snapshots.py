@@ -28,7 +28,7 @@ def _serval(*args: str) -> subprocess.CompletedProcess[str]:
 def _publish_linears(tmp_path: Path, repository: Path, seeds: list[int]) -> None:
     for seed in seeds:
         built = fixture_models.linear(tmp_path / f"build{seed}", seed=seed)
-        result = _serval("repo", "publish", str(built), "--repository", str(repository),
+        result = _serval("repo", "publish", "--create", str(built), "--repository", str(repository),
                          "--model", "clf", "--note", f"seed {seed}")
         assert result.returncode == 0, result.stderr
     (repository / "clf" / "config.yaml").write_text("max_batch_size: 8\n")
@@ -97,7 +97,7 @@ def test_a_pin_shows_warns_on_publish_and_is_released(
     _wait_for_version(server, "1")
     assert _serving_marks(repository) == {"1": "* pinned", "2": ""}
     built = fixture_models.linear(tmp_path / "build3", seed=3)
-    published = _serval("repo", "publish", str(built), "--repository", str(repository),
+    published = _serval("repo", "publish", "--create", str(built), "--repository", str(repository),
                         "--model", "clf")
     assert published.returncode == 0 and "published clf version 3" in published.stdout
     assert published.stderr.strip() == (

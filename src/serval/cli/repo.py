@@ -13,6 +13,7 @@ import orjson
 import typer
 from rich.console import Console
 
+from serval.cli.address import address, host_port
 from serval.cli.command import ServalCommand, ServalGroup, fail
 from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
 from serval.errors import ConfigError
@@ -23,7 +24,8 @@ T = TypeVar("T")
 app = typer.Typer(cls=ServalGroup, no_args_is_help=True,
                   help="Versioned snapshots of models: publish, history, rollback, verify.")
 REPOSITORY = typer.Option(..., "--repository", "-r", help="Model repository folder.")
-SERVER = typer.Option(None, "--server", help="host:port of a running Serval to reload now.")
+SERVER = typer.Option(None, "--server", parser=address, metavar="HOST:PORT",
+                      help="host:port of a running Serval to reload now.")
 
 
 @app.command("publish", cls=ServalCommand)
@@ -34,11 +36,14 @@ def publish_command(
     note: str = typer.Option("", help="Where this version came from (stored in the manifest)."),
     report: Path = typer.Option(None, help="A JSON parity report to store with the version."),
     server: str = SERVER,
+    create: bool = typer.Option(False, "--create",
+                                help="Create the repository folder if it does not exist."),
 ) -> None:
     """Write SOURCE as the model's next version: atomically, with a checksum manifest."""
     report_doc = _read_report(report) if report else None
     pinned = _run(lambda: store.pinned_version(repository, model))
-    version = _run(lambda: store.publish(source, repository, model, note=note, report=report_doc))
+    version = _run(lambda: store.publish(source, repository, model, note=note, report=report_doc,
+                                         create=create))
     typer.echo(f"published {model} version {version}")
     if pinned is not None:
         typer.echo(f"warning: {model} is pinned to version {pinned} (repo rollback), so version "
@@ -168,11 +173,11 @@ def _read_report(path: Path) -> dict[str, object]:
 def _reload(server: str | None, model: str) -> None:
     if not server:
         return
-    url = f"http://{server}/v2/repository/models/{model}/load"
+    url = f"http://{host_port(server)}/v2/repository/models/{model}/load"
     try:
         urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=120)
     except urllib.error.HTTPError as exc:
         fail(f"the server refused the reload: {exc.read().decode()}", 1)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         fail(f"cannot reach the server at {server}: {exc}", 1)
     typer.echo(f"{server} reloaded {model}")

@@ -48,11 +48,15 @@ def check_model_name(model: str) -> str:
 
 
 def publish(source: Path, repository: Path, model: str, *, note: str = "",
-            report: dict[str, Any] | None = None) -> str:
-    """Copy a model file (or folder) in as the next version; returns the new version."""
+            report: dict[str, Any] | None = None, create: bool = True) -> str:
+    """Copy a model file (or folder) in as the next version; returns the new version. A
+    missing repository folder is created only with CREATE (`repo publish` asks for --create:
+    a mistyped path is not a new repository)."""
     check_model_name(model)
-    if not source.exists():
-        raise ConfigError(f"{source}: nothing to publish")
+    check_publishable(source)
+    if not create and not repository.is_dir():
+        raise ConfigError(f"{repository}: model repository directory not found (--create "
+                          "makes a new one)")
     model_dir = repository / model
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = model_dir / f".publish-{uuid.uuid4().hex}"
@@ -71,18 +75,36 @@ def publish(source: Path, repository: Path, model: str, *, note: str = "",
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def check_publishable(source: Path) -> None:
+    """A file with bytes in it, or a folder holding at least one: else ConfigError (an empty
+    version would serve and fail to load)."""
+    if not source.exists():
+        raise ConfigError(f"{source}: nothing to publish (no such file or folder)")
+    if source.is_dir():
+        if not any(p.is_file() and p.stat().st_size and p.name != MANIFEST_FILE
+                   for p in source.rglob("*")):
+            raise ConfigError(f"{source}: nothing to publish (the folder holds no model file)")
+    elif not source.is_file() or source.stat().st_size == 0:
+        raise ConfigError(f"{source}: nothing to publish (an empty or special file)")
+
+
 def history(repository: Path, model: str) -> list[VersionRecord]:
     """Every version of a model, oldest first, with what serves marked."""
     model_dir = _model_dir(repository, model)
     serving = serving_version(model_dir)
     records = []
     for version in _versions(model_dir):
-        found = read_manifest(model_dir / version)
+        try:
+            found = read_manifest(model_dir / version)
+        except ConfigError:  # a broken manifest: listed all the same, `repo verify` says why
+            found = None
         manifest = found or {}
+        files = manifest.get("files", {})
         records.append(VersionRecord(
             version, str(manifest.get("created_at", "")), str(manifest.get("source", "")),
-            dict(manifest.get("files", {})), version == serving, version == serving,
-            found is not None,
+            dict(files) if isinstance(files, dict) else {}, version == serving,
+            version == serving, found is not None or (model_dir / version / MANIFEST_FILE
+                                                      ).exists(),
         ))
     if serving is None and records:
         records[-1] = _mark_serving(records[-1])
@@ -142,11 +164,18 @@ def serving_version(model_dir: Path) -> str | None:
 
 
 def verify_version(version_dir: Path) -> list[str]:
-    """Mismatches between a version's files and its manifest (no manifest: nothing to check)."""
-    manifest = read_manifest(version_dir)
+    """Mismatches between a version's files and its manifest (no manifest: nothing to check);
+    a manifest that does not read is a problem too."""
+    try:
+        manifest = read_manifest(version_dir)
+    except ConfigError as exc:
+        return [str(exc).removeprefix(f"{version_dir}/")]
     if manifest is None:
         return []
-    expected: dict[str, str] = manifest.get("files", {})
+    expected = manifest.get("files", {})
+    if not isinstance(expected, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in expected.items()):
+        return [f"{MANIFEST_FILE}: 'files' is not an object of file names to checksums"]
     actual = checksums(version_dir)
     problems = [f"{name}: checksum mismatch" for name, digest in expected.items()
                 if actual.get(name) != digest]
@@ -162,7 +191,9 @@ def read_manifest(version_dir: Path) -> dict[str, Any] | None:
         manifest = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError:
         raise ConfigError(f"{path}: not valid JSON") from None
-    return manifest if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return manifest
 
 
 def checksums(folder: Path) -> dict[str, str]:
