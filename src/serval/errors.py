@@ -94,6 +94,19 @@ class BackendError(ServalError):
 
     code = ErrorCode.BACKEND_ERROR
     public_message = "the model failed to run the request"
+    log_traceback = True  # the cause's traceback goes to the log at error level
+
+
+class ModelFailed(BackendError):
+    """Model code (a Python model) failed: the client sees the model's own error, its type
+    and message cut short (backends/model_code.py; Triton returns it), and the log one line
+    (the traceback only at debug level: `log_traceback`)."""
+
+    log_traceback = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.public_message = message
 
 
 class ServerUnavailable(ServalError):

@@ -30,6 +30,7 @@ from serval.backends.base import (
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
 from serval.backends.isolated_stream import StreamingIsolatedBackend
+from serval.backends.model_code import MODEL_EXITS, model_exception, unload_instance
 from serval.backends.python_stream import GeneratorModel
 from serval.backends.triton_python import CLASS_NAME as TRITON_CLASS_NAME
 from serval.backends.triton_python import (
@@ -37,7 +38,7 @@ from serval.backends.triton_python import (
     load_triton_model,
     provide_utils,
 )
-from serval.errors import ConfigError
+from serval.errors import ConfigError, ModelFailed, ServalError, shown
 from serval.model_config import ModelConfig
 from serval.protocol.types import TensorDict
 
@@ -94,12 +95,15 @@ class PythonBackend(EngineBackend):
         if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
             raise ConfigError(f"{path}: must define class {CLASS_NAME} with load(ctx) and "
                               f"infer(inputs) methods (or a Triton {TRITON_CLASS_NAME})")
-        instance = model_class()
-        instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
+        try:
+            instance = model_class()
+            instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
+        except MODEL_EXITS as exc:
+            raise ConfigError(f"{path}: load() raised {model_exception(exc)}") from None
         if inspect.isgeneratorfunction(model_class.infer):  # 0..n responses per request
             return GeneratorModel(spec.name, instance, replace(metadata, decoupled=True),
                                   path.stat().st_size)
-        return PythonModel(instance, metadata, path.stat().st_size)
+        return PythonModel(spec.name, instance, metadata, path.stat().st_size)
 
     def _check_allowed(self, spec: ModelVersionSpec) -> None:
         if not self.allowed:
@@ -108,10 +112,13 @@ class PythonBackend(EngineBackend):
 
 
 class PythonModel:
-    """Delegates to the user's object; the batcher checks the rows it returns."""
+    """Delegates to the user's object; the batcher checks the rows it returns. What infer()
+    raises fails the batch with the model's own error (ModelFailed: type and message)."""
 
-    def __init__(self, instance: Any, metadata: ModelMetadata, size_bytes: int) -> None:
-        self._instance, self._metadata, self._size_bytes = instance, metadata, size_bytes
+    def __init__(self, name: str, instance: Any, metadata: ModelMetadata,
+                 size_bytes: int) -> None:
+        self._name, self._instance = name, instance
+        self._metadata, self._size_bytes = metadata, size_bytes
         self._names = [spec.name for spec in metadata.outputs]
 
     @property
@@ -119,19 +126,25 @@ class PythonModel:
         return self._metadata
 
     def infer(self, inputs: TensorDict) -> TensorDict:
-        outputs = self._instance.infer(inputs)
+        try:
+            outputs = self._instance.infer(inputs)
+        except ServalError:
+            raise
+        except (Exception, *MODEL_EXITS) as exc:
+            raise ModelFailed(f"model '{self._name}': infer() raised "
+                              f"{model_exception(exc)}") from exc
         if not isinstance(outputs, dict) or any(name not in outputs for name in self._names):
-            got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
-            raise ConfigError(f"model.py infer() must return a dict with {self._names}, got {got}")
+            got = shown(sorted(map(str, outputs)), 200) if isinstance(outputs, dict) \
+                else type(outputs).__name__
+            raise ModelFailed(f"model '{self._name}': infer() must return a dict with "
+                              f"{shown(self._names, 200)}, got {got}")
         return {name: outputs[name] for name in self._names}
 
     def memory_bytes(self) -> int:
         return self._size_bytes
 
     def unload(self) -> None:
-        unload = getattr(self._instance, "unload", None)
-        if callable(unload):
-            unload()
+        unload_instance(self._name, self._instance)
 
 
 def _import(path: Path, search_paths: tuple[Path, ...] = ()) -> Any:
@@ -148,8 +161,8 @@ def _import(path: Path, search_paths: tuple[Path, ...] = ()) -> Any:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ConfigError(f"{path}: import failed: {exc!r}") from exc
+    except (Exception, *MODEL_EXITS) as exc:
+        raise ConfigError(f"{path}: import failed: {model_exception(exc)}") from None
     finally:
         sys.modules.pop(module_name, None)
     return module

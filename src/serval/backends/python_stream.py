@@ -9,11 +9,13 @@ request is cancelled), and its sends wait while the client is its window behind.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from serval.backends.base import ModelMetadata, ModelResponse, ResponseSink, StreamRequest
-from serval.errors import BackendError, ServalError
+from serval.backends.model_code import MODEL_EXITS, model_exception, unload_instance
+from serval.errors import BackendError, ModelFailed, ServalError, shown
 from serval.protocol.types import InferRequest, TensorDict
 
 
@@ -47,28 +49,32 @@ class GeneratorModel:
             return BackendError(f"model '{self._name}' is decoupled: its requests need a "
                                 "response stream")
         sink: ResponseSink = request.sink
-        responses = self._instance.infer(request.inputs)
+        responses = None
         try:
+            responses = self._instance.infer(request.inputs)
             for outputs in responses:
                 if sink.is_cancelled():
                     break
                 sink.send(ModelResponse(outputs=self._checked(outputs)))
-        except Exception as exc:
-            error = BackendError(f"model '{self._name}': infer() failed: {exc!r}")
+        except ServalError as exc:
+            return exc
+        except (Exception, *MODEL_EXITS) as exc:
+            error = ModelFailed(f"model '{self._name}': infer() raised {model_exception(exc)}")
             error.__cause__ = exc
             return error
         finally:
-            responses.close()
+            if responses is not None:
+                with contextlib.suppress(Exception, *MODEL_EXITS):
+                    responses.close()
         sink.send(ModelResponse(final=True))
         return {}
 
     def _checked(self, outputs: Any) -> TensorDict:
         if not isinstance(outputs, dict) or any(name not in outputs for name in self._names):
             got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
-            raise BackendError(f"infer() must yield dicts with {self._names}, got {got}")
+            raise ModelFailed(f"model '{self._name}': infer() must yield dicts with "
+                              f"{shown(self._names, 200)}, got {shown(got, 200)}")
         return {name: outputs[name] for name in self._names}
 
     def unload(self) -> None:
-        unload = getattr(self._instance, "unload", None)
-        if callable(unload):
-            unload()
+        unload_instance(self._name, self._instance)

@@ -62,13 +62,18 @@ def log_control() -> LogControl | None:
 def report_internal_error(exc: BaseException, where: str, summary: str, detail: str) -> str:
     """Log an engine or server failure with a new request id; return the client's message.
 
-    The client sees only the summary and the id; the detail and traceback stay in the log.
+    The client sees only the summary and the id; the detail and traceback stay in the log
+    (an error whose `log_traceback` is false, a model's own failure: one line, the traceback
+    only at debug level).
     """
     request_id = uuid.uuid4().hex[:16]
     cause = exc.__cause__ or exc
-    logging.getLogger("serval.errors").error(
-        detail,
-        extra={"request_id": request_id, "where": where},
-        exc_info=(type(cause), cause, cause.__traceback__),
-    )
+    exc_info = (type(cause), cause, cause.__traceback__)
+    logger = logging.getLogger("serval.errors")
+    extra = {"request_id": request_id, "where": where}
+    if getattr(exc, "log_traceback", True):
+        logger.error(detail, extra=extra, exc_info=exc_info)
+    else:
+        logger.error(detail, extra=extra)
+        logger.debug("the model's traceback", extra=extra, exc_info=exc_info)
     return f"{summary} (request id {request_id}; details are in the server log)"
