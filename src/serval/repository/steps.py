@@ -15,6 +15,31 @@ StepsOf = Callable[[str], list[PipelineStep]]
 GetModel = Callable[[str, str | None], ServedModel]
 
 
+def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel) -> None:
+    """ConfigError when a step maps an input or output its model does not have (Triton
+    refuses such an ensemble at load), naming the step, the tensors and the model's own ones.
+    Checked once the steps' models have loaded; a step whose model holds no loaded version
+    now (evicted) is checked at its next load."""
+    for index, step in enumerate(steps, start=1):
+        try:
+            model = get(step.model, step.version).model
+        except ModelNotFound:
+            continue  # the load of the steps said so
+        if model is None:
+            continue
+        metadata = model.metadata
+        for kind, mapped, specs in (("input", step.inputs, metadata.inputs),
+                                    ("output", step.outputs, metadata.outputs)):
+            own = [spec.name for spec in specs]
+            unknown = [tensor for tensor in mapped if tensor not in own]
+            if unknown:
+                listed = ", ".join(f"'{tensor}'" for tensor in unknown)
+                raise ConfigError(
+                    f"pipeline '{name}' step {index} ('{step.model}') maps {kind} {listed}, "
+                    f"which model '{step.model}' does not have (its {kind}s: "
+                    f"{', '.join(repr(tensor) for tensor in own) or 'none'})")
+
+
 class StepNotReady(ConfigError):
     """A pipeline step's model cannot serve: the log names it, clients do not learn it (the
     reason they see is `public`)."""
