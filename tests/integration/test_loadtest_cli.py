@@ -50,9 +50,57 @@ def test_a_grpc_test_against_the_http_port_says_so(server: RunningServer) -> Non
     done = _loadtest(server.url, "--grpc", "-m", "linear", *_QUICK)
     assert done.returncode != 0
     assert "is this a v2 gRPC port?" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # no "Future exception..."
 
 
 def test_an_unknown_model_over_grpc_is_named(server: RunningServer) -> None:
     done = _loadtest(server.grpc_url, "--grpc", "-m", "missing", *_QUICK)
     assert done.returncode != 0
     assert "model 'missing'" in done.stderr and "NOT_FOUND" in done.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["http://[::1", "-m", "m"], "Invalid IPv6 URL"),
+    (["http://localhost:abc", "-m", "m"], "Port could not be cast to integer"),
+    (["ftp://localhost:8000", "-m", "m"], "only http:// is supported, not ftp://"),
+    (["localhost", "-m", "m"], "needs a host and a port"),
+    (["localhost:1", "-m", "m", "--metadata-url", "http://x:y"], "'--metadata-url'"),
+    (["localhost:1", "-m", "m", "-r", "nan"], "--rate 'nan': expected positive numbers"),
+    (["localhost:1", "-m", "m", "-r", "inf"], "--rate 'inf': expected positive numbers"),
+    (["localhost:1", "-m", "m", "-r", "1e12"], "--rate '1e12': at most 1,000,000"),
+    (["localhost:1", "-m", "m", "-c", "1000000000"], "--concurrency '1000000000': at most "
+     "10,000"),
+    (["localhost:1", "-m", "m", "-c", "2.5"], "expected whole numbers"),
+    (["localhost:1", "-m", "m", "--batch", "100000000"], "less than or equal to 65536"),
+    (["localhost:1", "-m", "m", "--processes", "100000"], "less than or equal to 256"),
+])
+def test_bad_arguments_are_one_line_before_any_load(args: list[str], message: str) -> None:
+    done = _loadtest(*args, "--no-ceiling")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> None:
+    import signal
+    import urllib.request
+
+    def answered() -> int:
+        with urllib.request.urlopen(f"http://{server.url}/v2/models/linear/stats") as r:
+            return sum(s["inference_count"] for s in json.load(r)["model_stats"])
+
+    before = answered()
+    run = subprocess.Popen([sys.executable, "-m", "serval", "loadtest", f"http://{server.url}",
+                            "-m", "linear", "--duration", "60s", "--warmup", "0s", "-c", "4",
+                            "--no-ceiling"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        while answered() <= before + 50:  # the run is under way (its clients are answered)
+            assert run.poll() is None, run.communicate()
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "serval: interrupted", stderr
+    assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr

@@ -18,6 +18,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 ARGUMENTS = "Arguments"
 OPTIONS = "Options"
 COMMANDS = "Commands"
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 class ServalCommand(TyperCommand):
@@ -55,6 +56,9 @@ class ServalGroup(TyperGroup):
         except typer.Abort:
             typer.echo("serval: aborted", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:  # Ctrl-C outside the command: the shell's code for SIGINT
+            typer.echo("serval: interrupted", err=True)
+            sys.exit(INTERRUPTED)
         except OSError as exc:  # a file or socket the command needed: its reason, no traceback
             typer.echo(f"serval: {' '.join(str(exc).split())}", err=True)
             sys.exit(1)
@@ -62,6 +66,8 @@ class ServalGroup(TyperGroup):
             if not _is_usage_error(exc):
                 raise
             usage_error(exc)
+        if code == INTERRUPTED:  # typer's answer to Ctrl-C (KeyboardInterrupt): say so
+            typer.echo("serval: interrupted", err=True)
         sys.exit(code if isinstance(code, int) else 0)
 
 

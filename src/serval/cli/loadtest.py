@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -14,27 +15,42 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from serval.cli.address import address
 from serval.cli.command import fail
 from serval.cli.duration import seconds
 from serval.cli.tables import FORMAT, Cell, Column, OutputFormat, Rows, cell, emit
-from serval.loadtest.runner import LoadtestSpec, run_loadtest
+from serval.loadtest.runner import (
+    MAX_BATCH,
+    MAX_CLIENTS,
+    MAX_RATE_RPS,
+    LoadtestSpec,
+    run_loadtest,
+)
 from serval.loadtest.workloads import WorkloadError
 
 
-def parse_numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
-    """'1,16,64' -> [1.0, 16.0, 64.0]; a one-line error naming the flag otherwise."""
+def parse_numbers(text: str, flag: str, allow_zero: bool = False,
+                  maximum: float | None = None, whole: bool = False) -> list[float]:
+    """'1,16,64' -> [1.0, 16.0, 64.0]; a one-line error naming the flag otherwise (also for
+    inf, nan, a number past MAXIMUM, a fraction where WHOLE numbers are counts)."""
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         fail(f"{flag} {text!r}: expected comma-separated numbers, e.g. 1,16,64")
-    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+    if not values or any(not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero)
+                         for v in values):
         fail(f"{flag} {text!r}: expected {'non-negative' if allow_zero else 'positive'} "
              "numbers")
+    if whole and any(v != int(v) for v in values):
+        fail(f"{flag} {text!r}: expected whole numbers")
+    if maximum is not None and any(v > maximum for v in values):
+        fail(f"{flag} {text!r}: at most {maximum:,.0f} (the most one run sends)")
     return values
 
 
 def loadtest_command(
-    url: str = typer.Argument(..., help="http://host:port (HTTP) or host:port (with --grpc)."),
+    url: str = typer.Argument(..., parser=address, metavar="URL",
+                              help="http://host:port (HTTP) or host:port (with --grpc)."),
     model: str = typer.Option(..., "--model", "-m", help="Model to load."),
     grpc: bool = typer.Option(False, "--grpc", help="Use the v2 gRPC API instead of HTTP."),
     concurrency: str = typer.Option(None, "--concurrency", "-c",
@@ -46,12 +62,14 @@ def loadtest_command(
                                     help="Unmeasured time before each step."),
     input_file: Path = typer.Option(None, "--input-file",
                                     help="A v2 JSON request (or a list of them) to send."),
-    batch: int = typer.Option(1, "--batch", min=1, help="Rows per generated request."),
+    batch: int = typer.Option(1, "--batch", min=1, max=MAX_BATCH,
+                              help="Rows per generated request."),
     json_body: bool = typer.Option(False, "--json", help="JSON tensors (default: binary)."),
-    processes: int = typer.Option(0, "--processes", min=0, help="Generator processes; 0: auto."),
+    processes: int = typer.Option(0, "--processes", min=0, max=256,
+                                  help="Generator processes; 0: auto."),
     timeout_s: float = typer.Option("30s", "--timeout", parser=seconds, metavar="DURATION",
                                      help="Per-request timeout."),
-    metadata_url: str = typer.Option(None, "--metadata-url",
+    metadata_url: str = typer.Option(None, "--metadata-url", parser=address,
                                      help="HTTP base URL for the model's metadata with --grpc "
                                           "(default: ask the gRPC port)."),
     hardware: str = typer.Option(None, "--hardware", help="Tag results with a catalog name."),
@@ -66,18 +84,22 @@ def loadtest_command(
              "again (default: at once, a retry storm)."),
 ) -> None:
     """Measure throughput and latency (p50/p90/p99/p99.9) at each load level."""
-    levels = parse_numbers(concurrency, "--concurrency") if concurrency else []
-    rates = parse_numbers(rate, "--rate") if rate else []
+    levels = (parse_numbers(concurrency, "--concurrency", maximum=MAX_CLIENTS, whole=True)
+              if concurrency else [])
+    rates = parse_numbers(rate, "--rate", maximum=MAX_RATE_RPS) if rate else []
     if not levels and not rates:
         levels = [1.0, 16.0, 64.0]
     if duration_s <= 0 or warmup_s < 0 or timeout_s <= 0:
         fail("--duration and --timeout must be > 0, --warmup >= 0")
-    spec = LoadtestSpec(url=url, model=model, protocol="grpc" if grpc else "http",
-                        concurrency=tuple(int(c) for c in levels), rates_rps=tuple(rates),
-                        duration_s=duration_s, warmup_s=warmup_s, processes=processes,
-                        input_file=input_file, batch=batch, binary=not json_body,
-                        timeout_s=timeout_s, hardware=hardware, label=label,
-                        metadata_url=metadata_url, honour_retry_after=honour_retry_after)
+    try:
+        spec = LoadtestSpec(url=url, model=model, protocol="grpc" if grpc else "http",
+                            concurrency=tuple(int(c) for c in levels), rates_rps=tuple(rates),
+                            duration_s=duration_s, warmup_s=warmup_s, processes=processes,
+                            input_file=input_file, batch=batch, binary=not json_body,
+                            timeout_s=timeout_s, hardware=hardware, label=label,
+                            metadata_url=metadata_url, honour_retry_after=honour_retry_after)
+    except WorkloadError as exc:
+        fail(str(exc))
     console = Console(stderr=output_format is not OutputFormat.table)
     results = _run(spec, console, ceiling)
     emit(results_rows(results), output_format, console)

@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from serval.loadtest.http_client import (
     CONNECT_TIMEOUT_S,
@@ -150,14 +150,21 @@ async def _drive(plan: _Plan, clients: int, offset: int, barrier: Any) -> dict[s
     watchdog = asyncio.create_task(_watchdog(state))
     tasks = [asyncio.create_task(_client(state, offset + i, i == 0, conn))
              for i, conn in enumerate(first)]
+    # asyncio.wait, not wait_for(gather): cancelled by Ctrl-C, wait_for leaves the gather's
+    # CancelledError unretrieved, and asyncio prints it as a traceback
     try:
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=plan.run_bound_s())
-    except TimeoutError:
-        state.tally.errors["timeout"] += sum(1 for conn in state.open if conn.origin_ns)
+        _, pending = await asyncio.wait(tasks, timeout=plan.run_bound_s())
+        if pending:
+            state.tally.errors["timeout"] += sum(1 for conn in state.open if conn.origin_ns)
     finally:
         watchdog.cancel()
+        for task in tasks:
+            task.cancel()
         for conn in list(state.open):
             conn.close()
+    for task in tasks:  # a client that failed fails the step, as gather made it
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise cast(BaseException, task.exception())
     return state.tally.part()
 
 

@@ -158,6 +158,8 @@ async def _unary(host: str, port: int, method: str, request: bytes) -> Answer:
         return await done
     finally:
         connection.close()
+        if done.done() and not done.cancelled():
+            done.exception()  # a loss that `ready` raised already: retrieved, said once
 
 
 def _reason(body: bytes) -> str:

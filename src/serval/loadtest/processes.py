@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import queue
+import signal
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, cast
@@ -51,6 +52,7 @@ def run_loop(main: Coroutine[Any, Any, Part]) -> Part:
 
 
 def _child(share: Callable[..., Part], args: tuple[Any, ...], results: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no trace
     try:
         part = share(*args)
     except Exception as exc:  # report, never hang the parent

@@ -22,6 +22,12 @@ from serval.protocol.types import TensorSpec
 RESULTS_FORMAT = "serval-loadtest/1"
 REQUEST_SETS = 16  # distinct pre-encoded requests, sent round-robin
 BOUND_SHARE = 0.7  # a step above this share of the generator's ceiling may be limited by it
+# the most one run may ask for: far past what one generator machine sends, short of what
+# allocates the machine's memory away before the first request (a client, a pending request
+# and an encoded row each hold memory)
+MAX_CLIENTS = 10_000
+MAX_RATE_RPS = 1_000_000.0
+MAX_BATCH = 65_536
 
 
 @dataclass(frozen=True)
@@ -45,12 +51,25 @@ class LoadtestSpec:
     metadata_url: str | None = None  # HTTP base URL for metadata when testing over gRPC
     honour_retry_after: bool = False  # HTTP closed loop: a 429'd client waits Retry-After
 
+    def __post_init__(self) -> None:
+        if any(not 1 <= c <= MAX_CLIENTS for c in self.concurrency):
+            raise workloads.WorkloadError(f"concurrency must be 1 to {MAX_CLIENTS:,} clients")
+        if any(not 0 < r <= MAX_RATE_RPS for r in self.rates_rps):
+            raise workloads.WorkloadError(f"rates must be above 0 and at most "
+                                          f"{MAX_RATE_RPS:,.0f} req/s")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise workloads.WorkloadError(f"batch must be 1 to {MAX_BATCH:,} rows")
+
     def host_port(self) -> tuple[str, int]:
-        parts = urlsplit(self.url if "//" in self.url else f"//{self.url}")
-        if not parts.hostname or not parts.port:
+        try:
+            parts = urlsplit(self.url if "//" in self.url else f"//{self.url}")
+            port = parts.port
+        except ValueError:  # '[::1', 'host:abc', a port past 65535
+            port = None
+        if parts.scheme not in ("", "http") or not parts.hostname or not port:
             raise workloads.WorkloadError(f"URL {self.url!r}: expected host:port or "
                                           "http://host:port")
-        return parts.hostname, parts.port
+        return parts.hostname, port
 
     def levels(self) -> list[tuple[str, float]]:
         """(mode, level) per step: closed-loop concurrencies first, then open-loop rates."""
