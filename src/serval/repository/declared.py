@@ -1,6 +1,7 @@
-"""A config.pbtxt's inputs and outputs laid over what an engine read from its model file, as
-Triton does: checked against the model at load (name, data_type, dims), served as declared, and
-reshaped on the way in and out where the config gives a `reshape`."""
+"""A config's inputs and outputs (config.pbtxt or config.yaml) laid over what an engine read
+from its model file, as Triton does: checked against the model at load (name, data_type,
+dims), served as declared, and reshaped on the way in and out where the config gives a
+`reshape`."""
 
 from __future__ import annotations
 
@@ -14,16 +15,21 @@ from serval.protocol.types import TensorDict, TensorSpec
 # Engines whose model files describe their own tensors; the others serve what the config says.
 SELF_DESCRIBING = ("onnxruntime", "openvino")
 
+PBTXT = "config.pbtxt"
+
 Reshapes = dict[str, tuple[int, ...]]  # tensor name -> its dims past the batch axis
 
 
 def as_declared(model: LoadedModel, config: ModelConfig, source: str) -> LoadedModel:
-    """The model served with the config's declared tensors (the model itself when a config.yaml
-    configures it, or its engine has no file metadata to check against)."""
-    if config.triton is None or config.backend not in SELF_DESCRIBING:
+    """The model served with the config's declared tensors, from config.pbtxt or config.yaml
+    alike (the model itself when the config declares none, or its engine has no file metadata
+    to check against). `source` names the config file; a config.yaml's is named as such."""
+    if config.backend not in SELF_DESCRIBING:
         return model
     if not config.inputs and not config.outputs:
         return model
+    if config.triton is None and source.endswith(PBTXT):  # the loader names config.pbtxt
+        source = source.removesuffix(PBTXT) + "config.yaml"
     native = model.metadata
     batch = (-1,) if native.max_batch_size > 0 else ()
     inputs, reshaped_inputs = overlay(native.inputs, config.inputs, batch, "input", source)

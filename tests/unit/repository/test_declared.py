@@ -1,5 +1,5 @@
-"""A config.pbtxt's tensors over an engine's own: checked at load, served as declared,
-reshaped in and out."""
+"""A config's tensors (config.pbtxt or config.yaml) over an engine's own: checked at load,
+served as declared, reshaped in and out."""
 
 from __future__ import annotations
 
@@ -42,10 +42,35 @@ def _config(inputs: list[dict[str, object]], outputs: list[dict[str, object]] | 
                                        "outputs": outputs or [], "triton": {}})
 
 
-def test_a_config_yaml_model_is_served_as_the_engine_reads_it() -> None:
+def test_a_config_that_declares_nothing_serves_the_engine_as_it_reads_it() -> None:
     model = Flat()
-    config = ModelConfig.model_validate({"inputs": [{"name": "x", "datatype": "INT8"}]})
-    assert as_declared(model, config, "cfg") is model
+    assert as_declared(model, ModelConfig.model_validate({}), "m/config.pbtxt") is model
+
+
+@pytest.mark.parametrize(("tensors", "named"), [
+    ({"inputs": [{"name": "nope", "datatype": "INT8", "dims": [3]}]},
+     "m/config.yaml: input 'nope' is not an input of the model (it has x)"),
+    ({"inputs": [{"name": "x", "datatype": "INT8", "dims": [16]}]},
+     "m/config.yaml: input 'x': data_type INT8 in the config, the model has FP32"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "dims": [3]}]},
+     "m/config.yaml: input 'x': dims [3] do not fit the model's shape [-1, 16]"),
+    ({"outputs": [{"name": "zzz", "datatype": "BYTES", "dims": [1]}]},
+     "m/config.yaml: output 'zzz' is not an output of the model (it has y)"),
+])
+def test_a_config_yaml_that_contradicts_the_model_is_a_load_error(
+        tensors: dict[str, object], named: str) -> None:
+    config = ModelConfig.model_validate(tensors)  # config.yaml: no `triton` section
+    with pytest.raises(ConfigError) as refused:
+        as_declared(Flat(), config, "m/config.pbtxt")
+    assert str(refused.value) == named
+
+
+def test_a_config_yaml_that_agrees_with_the_model_serves_as_declared() -> None:
+    config = ModelConfig.model_validate(
+        {"inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}]})
+    model = as_declared(Flat(), config, "m/config.pbtxt")
+    assert model.metadata.inputs[0].shape == (-1, 16)
+    assert model.infer({"x": np.ones((2, 16), dtype=np.float32)})["y"].shape == (2, 16)
 
 
 def test_declared_dims_are_served_and_reshaped_both_ways() -> None:
