@@ -13,6 +13,13 @@ from serval.errors import ConfigError
 from serval.protocol.dtypes import DatatypeName
 
 MODEL_CONFIG_FILE = "config.yaml"
+# Bounds of Triton's model_config.proto fields a setting ends up in (get_model_config answers
+# in that schema), so every value that validates can be served back.
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+INT64_MAX = 2**63 - 1
+MAX_MS = 1e12  # about 31 years: any timeout or idle time in ms, as uint64 microseconds
+MAX_THREADS = 1024  # an engine's thread pool: the same bound on every machine (see docs)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
@@ -27,10 +34,11 @@ class QueuePolicy(Strict):
     request past its timeout gets."""
 
     max_queue_size: int = Field(
-        4096, ge=1, description="requests waiting beyond this are refused with 429"
+        4096, ge=1, le=UINT32_MAX, description="requests waiting beyond this are refused with 429"
     )
     default_timeout_ms: float = Field(
-        0.0, ge=0.0, description="a request without a deadline gets this one; 0: none")
+        0.0, ge=0.0, le=MAX_MS,
+        description="a request without a deadline gets this one; 0: none")
     allow_timeout_override: bool = Field(
         True, description="false: default_timeout_ms applies even to requests that set one")
     timeout_action: Literal["reject", "delay"] = Field(
@@ -44,7 +52,8 @@ class BatchingConfig(QueuePolicy):
     max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     priority_levels: int = Field(0, ge=0, le=1000, description="1 (served first) .. N; 0: none")
-    default_priority_level: int = Field(1, ge=1, description="for requests that give none")
+    default_priority_level: int = Field(1, ge=1, le=1000,
+                                        description="for requests that give none")
     priority_queues: dict[int, QueuePolicy] = Field(default_factory=dict)  # by level
 
     @model_validator(mode="after")
@@ -59,17 +68,24 @@ class BatchingConfig(QueuePolicy):
     @field_validator("preferred_batch_sizes")
     @classmethod
     def _positive_sizes(cls, sizes: list[int]) -> list[int]:
-        if any(size < 1 for size in sizes):
-            raise ValueError("preferred batch sizes must be >= 1")
+        if any(not 1 <= size <= INT32_MAX for size in sizes):
+            raise ValueError(f"preferred batch sizes must be within 1..{INT32_MAX}")
         return sorted(set(sizes))
 
 
 class VersionPolicy(Strict):
     """Which version folders serve: the `latest` N (default 1), `all`, or `specific` ones."""
 
-    latest: int | None = Field(None, ge=1)
+    latest: int | None = Field(None, ge=1, le=UINT32_MAX)
     all: bool = False
     specific: list[int] | None = None
+
+    @field_validator("specific")
+    @classmethod
+    def _version_numbers(cls, versions: list[int] | None) -> list[int] | None:
+        if versions is not None and any(not 0 <= v <= INT64_MAX for v in versions):
+            raise ValueError(f"specific versions must be within 0..{INT64_MAX}")
+        return versions
 
     @model_validator(mode="after")
     def _one_choice(self) -> VersionPolicy:
@@ -104,6 +120,14 @@ class OnnxRuntimeConfig(Strict):
     allow_spinning: bool | None = Field(
         None, description="unset: on where one batch-1 call takes >= 2 ms (measured at load)")
 
+    @field_validator("intra_op_threads", "inter_op_threads")
+    @classmethod
+    def _bounded_threads(cls, threads: int | None) -> int | None:
+        if threads is not None and threads > MAX_THREADS:
+            raise ValueError(f"{threads} threads is more than {MAX_THREADS}, the most Serval "
+                             "starts for one model (the same bound on every machine)")
+        return threads
+
 
 class TensorConfig(Strict):
     """A declared input or output: v2 datatype and dims (without the batch axis, as Triton)."""
@@ -118,8 +142,15 @@ class TensorConfig(Strict):
     @field_validator("dims")
     @classmethod
     def _valid_dims(cls, dims: list[int]) -> list[int]:
-        if any(d == 0 or d < -1 for d in dims):
-            raise ValueError("dims are positive sizes or -1 (any size)")
+        if any(d == 0 or d < -1 or d > INT64_MAX for d in dims):
+            raise ValueError(f"dims are positive sizes up to {INT64_MAX} or -1 (any size)")
+        return dims
+
+    @field_validator("reshape")
+    @classmethod
+    def _valid_reshape(cls, dims: list[int] | None) -> list[int] | None:
+        if dims is not None and any(not -1 <= d <= INT64_MAX for d in dims):
+            raise ValueError(f"reshape dims are sizes up to {INT64_MAX} or -1 (any size)")
         return dims
 
 
@@ -140,6 +171,13 @@ class WarmupInput(Strict):
     data: Literal["zero", "random", "file"] = "zero"
     file: str | None = Field(None, description="data: file; a file in the model's warmup/")
 
+    @field_validator("dims")
+    @classmethod
+    def _fixed_dims(cls, dims: list[int]) -> list[int]:
+        if any(not 0 <= d <= INT64_MAX for d in dims):
+            raise ValueError(f"warm-up dims are fixed sizes within 0..{INT64_MAX}")
+        return dims
+
     @model_validator(mode="after")
     def _file_with_file_data(self) -> WarmupInput:
         if (self.data == "file") != (self.file is not None):
@@ -151,8 +189,8 @@ class WarmupSample(Strict):
     """A warm-up request run `count` times before the version serves (Triton's model_warmup)."""
 
     name: str = Field(min_length=1)
-    batch_size: int = Field(1, ge=1)
-    count: int = Field(1, ge=1)
+    batch_size: int = Field(1, ge=1, le=INT32_MAX)
+    count: int = Field(1, ge=1, le=UINT32_MAX)
     inputs: dict[str, WarmupInput]
 
 
@@ -180,8 +218,8 @@ class SequenceState(Strict):
     @field_validator("dims")
     @classmethod
     def _fixed_dims(cls, dims: list[int]) -> list[int]:
-        if any(d < 1 for d in dims):
-            raise ValueError("state dims are fixed positive sizes")
+        if any(not 1 <= d <= INT64_MAX for d in dims):
+            raise ValueError(f"state dims are fixed positive sizes up to {INT64_MAX}")
         return dims
 
 
@@ -190,9 +228,10 @@ class SequenceBatchingConfig(Strict):
     sequence per batch, each sequence holding a slot from its start to its end or idle time."""
 
     strategy: Literal["direct", "oldest"] = "direct"
-    max_sequence_idle_ms: float = Field(1000.0, gt=0.0)
+    max_sequence_idle_ms: float = Field(1000.0, gt=0.0, le=MAX_MS)
     max_candidate_sequences: int | None = Field(
-        None, ge=1, description="oldest: sequences holding state at once; None: the slots")
+        None, ge=1, le=INT32_MAX,
+        description="oldest: sequences holding state at once; None: the slots")
     max_queue_delay_ms: float = Field(0.0, ge=0.0, le=10_000.0)
     controls: list[SequenceControl] = Field(default_factory=list)
     states: list[SequenceState] = Field(default_factory=list)
@@ -203,7 +242,8 @@ class ModelConfig(Strict):
 
     backend: Literal["onnxruntime", "openvino", "pytorch", "python", "pipeline"] = "onnxruntime"
     max_batch_size: int | None = Field(
-        None, ge=0, description="0 disables batching; None: 64 when the model's batch axis is free"
+        None, ge=0, le=INT32_MAX,
+        description="0 disables batching; None: 64 when the model's batch axis is free"
     )
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sequence_batching: SequenceBatchingConfig | None = Field(
@@ -267,9 +307,25 @@ def load_model_config(path: Path, override: dict[str, object] | None = None) -> 
         raise ConfigError(f"{path}: {_first_problem(exc)}") from None
 
 
-def _read_yaml(path: Path) -> dict[str, object]:
+def read_config_text(path: Path) -> str:
+    """A model's config (or label) file as text; ConfigError when it is not a readable file
+    of UTF-8 text (a folder of that name, no permission, other bytes)."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder; it must be a file")
     try:
-        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                          f"offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or type(exc).__name__}"
+                          ) from None
+
+
+def _read_yaml(path: Path) -> dict[str, object]:
+    text = read_config_text(path)
+    try:
+        raw = yaml.load(text, Loader=_YAML_LOADER) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):

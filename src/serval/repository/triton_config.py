@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 from pydantic import ValidationError
 
 from serval.errors import ConfigError
-from serval.model_config import ModelConfig
+from serval.model_config import ModelConfig, read_config_text
 from serval.protocol.dtypes import from_config_type
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.checksums import checksum_settings
@@ -93,10 +93,11 @@ SUPPORTED: dict[str, Any] = {
 
 def read_pbtxt(path: Path) -> mc.ModelConfig:
     """Parse a config.pbtxt; a syntax error or a field the schema lacks is a ConfigError."""
+    text = read_config_text(path)
     try:
-        parsed: mc.ModelConfig = text_format.Parse(path.read_text(), mc.ModelConfig())
+        parsed: mc.ModelConfig = text_format.Parse(text, mc.ModelConfig())
         return parsed
-    except (text_format.ParseError, UnicodeDecodeError) as exc:
+    except text_format.ParseError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
 
@@ -259,10 +260,10 @@ def _version_policy(config: mc.ModelConfig) -> dict[str, Any]:
 
 def _labels(model_dir: Path, filename: str, source: str) -> list[str]:
     path = (model_dir / filename).resolve()
-    if model_dir.resolve() not in path.parents or not path.is_file():
+    if model_dir.resolve() not in path.parents or not path.exists():
         raise ConfigError(f"{source}: label_filename '{filename}': no such file in the model's "
                           "folder")
-    return [line.strip() for line in path.read_text().splitlines()]
+    return [line.strip() for line in read_config_text(path).splitlines()]
 
 
 def _warmup(sample: mc.ModelWarmup, source: str) -> dict[str, Any]:

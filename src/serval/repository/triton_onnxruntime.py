@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from serval.errors import ConfigError
+from serval.model_config import MAX_THREADS
 from serval.protocol.grpc import model_config_pb2 as mc
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,13 @@ def onnxruntime_settings(config: mc.ModelConfig, device: str, source: str) -> di
             config.optimization.graph.level, "all")
     for key, name in (("intra_op_thread_count", "intra_op_threads"),
                       ("inter_op_thread_count", "inter_op_threads")):
-        if _integer(parameters, key, source) > 0:
-            settings[name] = _integer(parameters, key, source)
+        count = _integer(parameters, key, source)
+        if count > MAX_THREADS:
+            raise ConfigError(f"{source}: parameter '{key}': {count} threads is more than "
+                              f"{MAX_THREADS}, the most Serval starts for one model (the same "
+                              "bound on every machine)")
+        if count > 0:
+            settings[name] = count
     mode = _integer(parameters, "execution_mode", source)
     if mode not in (0, 1):
         raise ConfigError(f"{source}: parameter 'execution_mode': expected 0 (sequential) or "

@@ -121,3 +121,10 @@ def test_a_config_pbtxt_carries_them_into_the_models_config(tmp_path: Path) -> N
         'backend: "python" optimization { graph { level: 2 } }')
     with pytest.raises(ConfigError, match="'optimization' is supported for ONNX Runtime"):
         directory.config()
+
+
+@pytest.mark.parametrize("key", ["intra_op_thread_count", "inter_op_thread_count"])
+def test_thread_counts_beyond_the_bound_are_refused_naming_the_parameter(key: str) -> None:
+    assert _settings(_parameters(**{key: "1024"}))  # the bound itself is allowed
+    with pytest.raises(ConfigError, match=f"parameter '{key}': 100000 threads is more than 1024"):
+        _settings(_parameters(**{key: "100000"}))
