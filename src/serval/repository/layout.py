@@ -3,6 +3,8 @@ when both are there: see triton_config) and <root>/<model>/<version>/."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,8 +12,11 @@ from serval.backends.base import ModelVersionSpec
 from serval.errors import ConfigError
 from serval.model_config import MODEL_CONFIG_FILE, ModelConfig, load_model_config
 from serval.repository.data_files import DATA_FOLDERS
-from serval.repository.store import SERVING_FILE
+from serval.repository.store import SERVING_FILE, is_version_name
 from serval.repository.triton_config import PBTXT_FILE, load_pbtxt
+
+log = logging.getLogger(__name__)
+_WARNED_NAMES: set[str] = set()  # folders skipped for their name: one warning each
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +28,7 @@ class ModelDirectory:
     versions: tuple[str, ...]
 
     def config(self, override: dict[str, object] | None = None) -> ModelConfig:
-        if (self.path / PBTXT_FILE).is_file():
+        if (self.path / PBTXT_FILE).exists():  # a folder of that name is an error, not absent
             return load_pbtxt(self.path, override)
         return load_model_config(self.path / MODEL_CONFIG_FILE, override)
 
@@ -39,14 +44,26 @@ class ModelDirectory:
         return self.version_spec(self.versions[-1])
 
 
+def is_model_folder(path: Path) -> bool:
+    """Whether a folder of the repository is a model: not hidden or temporary, and named in
+    valid UTF-8 (a model name travels in JSON, protobuf strings, logs and metric labels)."""
+    return path.is_dir() and not path.name.startswith((".", "_")) and _utf8(path.name)
+
+
 def scan_repository(root: Path) -> list[ModelDirectory]:
-    """Every model folder under root, sorted by name; hidden and temp folders are skipped."""
+    """Every model folder under root, sorted by name; hidden and temp folders are skipped,
+    and a folder whose name is not valid UTF-8 (with one warning naming it escaped)."""
     if not root.is_dir():
         raise ConfigError(f"{root}: model repository directory not found")
     models = []
     for entry in sorted(root.iterdir()):
-        if entry.is_dir() and not entry.name.startswith((".", "_")):
+        if is_model_folder(entry):
             models.append(ModelDirectory(entry.name, entry, _versions(entry)))
+        elif entry.is_dir() and not _utf8(entry.name) and entry.name not in _WARNED_NAMES:
+            _WARNED_NAMES.add(entry.name)
+            log.warning("model folder skipped: its name is not valid UTF-8; rename it",
+                        extra={"folder": os.fsencode(entry.name).decode("utf-8",
+                                                                         "backslashreplace")})
     return models
 
 
@@ -88,6 +105,14 @@ def version_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")  # undecodable bytes come back from the filesystem as surrogates
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _versions(model_path: Path) -> tuple[str, ...]:
-    numeric = [p.name for p in model_path.iterdir() if p.is_dir() and p.name.isdigit()]
+    numeric = [p.name for p in model_path.iterdir() if p.is_dir() and is_version_name(p.name)]
     return tuple(sorted(numeric, key=int))

@@ -84,7 +84,8 @@ def _read(repository: Path, name: str) -> Snapshot:
         raise ConfigError(f"snapshot '{name}' cannot be read: {exc}") from None
     models = doc.get("models") if isinstance(doc, dict) else None
     if not isinstance(models, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v.isdigit() for k, v in models.items()):
+            isinstance(k, str) and isinstance(v, str) and store.is_version_name(v)
+            for k, v in models.items()):
         raise ConfigError(f"snapshot '{name}' is not a snapshot file (no models and versions)")
     for model in models:
         store.check_model_name(model)

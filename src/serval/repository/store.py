@@ -237,8 +237,14 @@ def _model_dir(repository: Path, model: str) -> Path:
     return path
 
 
+def is_version_name(name: str) -> bool:
+    """Whether a folder name is a version: ASCII digits only, as Triton reads them (a
+    superscript '²' or an Arabic-Indic '٣' is a folder like any other, not a version)."""
+    return name.isascii() and name.isdigit()
+
+
 def _versions(model_dir: Path) -> list[str]:
-    return sorted((p.name for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+    return sorted((p.name for p in model_dir.iterdir() if p.is_dir() and is_version_name(p.name)),
                   key=int)
 
 

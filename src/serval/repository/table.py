@@ -14,11 +14,12 @@ from typing import Literal
 
 from serval.config import server_default
 from serval.errors import ConfigError, InvalidInput, ModelNotFound
+from serval.model_config import VersionPolicy
 from serval.repository.layout import ModelDirectory
 from serval.repository.names import UNKNOWN_MODEL, public_reason
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import unready_steps
-from serval.repository.store import serving_version
+from serval.repository.store import is_version_name, serving_version
 from serval.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class ModelTable:
             return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
-            if not version.isdigit() or int(version) < 1:  # Triton's words
+            if not is_version_name(version) or int(version) < 1:  # Triton's words
                 raise InvalidInput(f"failed to get model version from specified version string "
                                    f"'{version}', version should be an integral value > 0")
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' version {version} is not found; "
@@ -129,13 +130,15 @@ class ModelTable:
             pinned = serving_version(directory.path)
             selected = (pinned,) if pinned in directory.versions else policy.select(
                 directory.versions)
-            problem = "" if directory.versions else (
-                "the model folder has no version folder (e.g. 1/)")
+            problem = "" if selected else _nothing_selected(directory, policy)
+            if problem:
+                log.warning("model has no version to serve", extra={"model": name,
+                                                                     "reason": problem})
         except ConfigError as exc:
             selected, problem = directory.versions[-1:], self.public_reason(str(exc))
             log.warning("model config is invalid", extra={"model": name, "reason": str(exc)})
         self._selected[name] = selected
-        for version in selected or (("1",) if problem else ()):
+        for version in selected or (directory.versions[-1:] or ("1",) if problem else ()):
             served = versions.get(version)
             if served is None or served.state is ModelState.UNAVAILABLE:
                 versions[version] = ServedModel(
@@ -143,3 +146,12 @@ class ModelTable:
                     auto_load=not problem and self.control == "lazy", totals=self.totals)
         return [s for v, s in versions.items() if v not in selected and s.state is
                 ModelState.READY]
+
+
+def _nothing_selected(directory: ModelDirectory, policy: VersionPolicy) -> str:
+    """Why a model whose config is valid has no version to serve."""
+    if not directory.versions:
+        return "the model folder has no version folder (e.g. 1/)"
+    chosen = policy.model_dump(exclude_defaults=True) or {"latest": 1}
+    return (f"the version policy selects no version folder (version_policy {chosen}; "
+            f"version folders: {', '.join(directory.versions)})")

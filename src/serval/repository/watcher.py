@@ -9,8 +9,10 @@ from pathlib import Path
 
 from serval.errors import ServalError
 from serval.repository.data_files import DATA_FOLDERS
+from serval.repository.layout import is_model_folder
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
+from serval.repository.store import is_version_name
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ def model_signature(model_dir: Path) -> Signature:
     versions, files = [], []
     with os.scandir(model_dir) as entries:
         for entry in entries:
-            if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+            if is_version_name(entry.name) and entry.is_dir(follow_symlinks=False):
                 versions.append((entry.name, _latest_ns(entry)))
             elif entry.name in DATA_FOLDERS and entry.is_dir(follow_symlinks=False):
                 files.append((entry.name, _latest_ns(entry)))
@@ -78,7 +80,7 @@ def _signatures(root: Path) -> dict[str, Signature]:
     is left out of this look (its served versions keep serving)."""
     found = {}
     for path in root.iterdir():
-        if path.is_dir() and not path.name.startswith((".", "_")):
+        if is_model_folder(path):
             try:
                 found[path.name] = model_signature(path)
             except OSError:
