@@ -104,3 +104,37 @@ def test_repo_verify_checks_every_version_past_a_broken_manifest(tmp_path: Path)
         "m version 1: corrupted: manifest.json: not valid JSON",
         "m version 2: corrupted: manifest.json: not a JSON object",
         "m version 3: ok"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--http-port", "70000"], "--http-port 70000 is outside 1-65535"),
+    (["--stats-port", "99999"], "--stats-port 99999 is outside 1-65535"),
+    (["--node-http-port", "70000"], "--node-http-port 70000 is outside 1-65535"),
+    (["--proxy-threads", "100000"], "proxy threads must be 1-64"),
+    (["--host", "bad host"], "'bad host' is not a host name or address"),
+    (["--stats-socket", "/tmp/a b"], "the stats socket path '/tmp/a b' must be"),
+    (["--http-port", "8000", "--grpc-port", "8000"], "--http-port and --grpc-port are both"),
+])
+def test_proxy_config_refuses_what_haproxy_would(tmp_path: Path, args: list[str],
+                                                 message: str) -> None:
+    out = tmp_path / "haproxy.cfg"
+    assert_one_line(serval("cluster", "proxy-config", "--dns", "svc.local", "-o", str(out),
+                           *args), message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--http-port", "70000"], "--http-port 70000 is outside 1-65535"),
+    (["--http-port", "-1"], "--http-port -1 is outside 1-65535"),
+    (["--http-port", "18547", "--proxy-threads", "100000"], "proxy threads must be 1-64"),
+])
+def test_cluster_up_refuses_bad_proxy_settings_before_starting(
+        tmp_path: Path, args: list[str], message: str) -> None:
+    import tempfile
+
+    port = args[1]
+    state = Path(tempfile.gettempdir()) / f"serval-cluster-{port}"
+    assert not state.exists()
+    assert_one_line(serval("cluster", "up", "-r", str(tmp_path), "--nodes", "1", "--grpc-port",
+                           "0", *args), message)
+    assert not state.exists()

@@ -72,3 +72,14 @@ def test_a_node_that_never_answers_is_a_504_naming_the_timeout(tmp_path: Path) -
     assert reply.status == 504
     assert reply.headers["content-type"] == "application/json"
     assert "did not answer within 1 s" in reply.error
+
+
+def test_a_refused_configuration_names_haproxys_alert(tmp_path: Path) -> None:
+    from serval.cluster.proxy import check_config
+    from serval.errors import ConfigError
+
+    config = tmp_path / "haproxy.cfg"
+    config.write_text("global\n    nbthread 100000\n")
+    with pytest.raises(ConfigError, match=r"refused the generated configuration: .*ALERT.*"
+                                          r"nbthread"):
+        check_config(config)

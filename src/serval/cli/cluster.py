@@ -61,8 +61,6 @@ def up_command(
     Flags after `--` go to every node's `serval serve` (e.g. -- --memory-budget 2GiB)."""
     if not repository.is_dir():
         fail(f"repository {repository.name!r} is not a folder", 2)
-    if read_state(http_port) is not None:
-        fail(f"a cluster already runs with its proxy on port {http_port}", 1)
     try:
         spec = ClusterSpec(
             repository.resolve(), nodes, host, http_port, grpc_port or None, node_cpus,
@@ -71,6 +69,8 @@ def up_command(
                           threads=proxy_threads, buffer_kib=proxy_buffer_kib))
     except ValueError as exc:
         fail(str(exc), 2)
+    if read_state(http_port) is not None:
+        fail(f"a cluster already runs with its proxy on port {http_port}", 1)
     try:
         cluster = LocalCluster(spec)
     except ConfigError as exc:

@@ -36,6 +36,8 @@ MODEL_HEADER = "serval-model"
 # the buffer holds (`ungrpc` needs the whole message: larger ones would go round robin)
 _FIELD = "req.body,bytes(5),protobuf"
 MIN_BUFFER_KIB, MAX_BUFFER_KIB = 8, 1024
+MAX_THREADS = 64  # HAProxy's MAX_THREADS in common builds (`haproxy -vv`); nbthread past it
+# is refused
 RING_WEIGHT = 64  # x 16 ring points per node in HAProxy: smooth shares, agent steps of 25%
 
 
@@ -57,8 +59,7 @@ class Node:
         if not _HOST.match(self.host):
             raise ValueError(f"node {self.name}: {self.host!r} is not a host name or address")
         for port in (self.http_port, self.grpc_port, self.agent_port):
-            if port is not None and not 0 < port < 65536:
-                raise ValueError(f"node {self.name}: port {port} is outside 1-65535")
+            check_port(port, f"node {self.name}: port")
         if self.id < 1:
             raise ValueError(f"node {self.name}: id must be >= 1")
 
@@ -108,6 +109,15 @@ class Discovery:
             raise ValueError("slots must be 1-1024")
         if self.statefulset is not None and not _NAME.match(self.statefulset):
             raise ValueError(f"{self.statefulset!r} is not a StatefulSet name")
+        check_port(self.http_port, "--node-http-port")
+        check_port(self.grpc_port, "--node-grpc-port")
+        check_port(self.agent_port, "--node-agent-port")
+
+
+def check_port(port: int | None, what: str) -> None:
+    """A TCP port HAProxy can bind or reach: 1-65535 (None: none); ValueError naming WHAT."""
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{what} {port} is outside 1-65535")
 
 
 @dataclass(frozen=True)
@@ -139,8 +149,28 @@ class ProxySettings:
                              "or 0 (off)")
         if self.hot_rate < 1:
             raise ValueError("the hot rate must be >= 1 request per second")
-        if self.retries < 0 or self.threads < 1:
-            raise ValueError("retries must be >= 0 and proxy threads >= 1")
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"proxy threads must be 1-{MAX_THREADS} (HAProxy's most), got "
+                             f"{self.threads}")
+        if not _HOST.match(self.host):
+            raise ValueError(f"the proxy's host {self.host!r} is not a host name or address")
+        if self.stats_socket is not None and (
+                not self.stats_socket or any(c.isspace() or c in "#\\'\"" for c in
+                                             self.stats_socket)):
+            raise ValueError(f"the stats socket path {self.stats_socket!r} must be non-empty "
+                             "with no spaces, quotes, '#' or backslashes (HAProxy's syntax)")
+        ports = {"--http-port": self.http_port, "--grpc-port": self.grpc_port,
+                 "--stats-port": self.stats_port or None}  # stats port 0: no stats page
+        for flag, port in ports.items():
+            check_port(port, flag)
+        taken = [(flag, port) for flag, port in ports.items() if port]
+        for index, (flag, port) in enumerate(taken):
+            for other, same in taken[index + 1:]:
+                if port == same:
+                    raise ValueError(f"{flag} and {other} are both {port}: the proxy needs "
+                                     "a port for each")
         if not MIN_BUFFER_KIB <= self.buffer_kib <= MAX_BUFFER_KIB:
             raise ValueError(f"the proxy's buffer must be {MIN_BUFFER_KIB}-{MAX_BUFFER_KIB} KiB")
 

@@ -84,6 +84,19 @@ class ClusterSpec:
     restart: bool = True  # restart a node that died unasked
     run_dir: Path | None = None
 
+    def __post_init__(self) -> None:
+        """The proxy's settings with this spec's host and ports, checked now (ValueError),
+        before any folder, node or proxy exists."""
+        self.settings(self.run_dir)
+
+    def settings(self, run_dir: Path | None) -> ProxySettings:
+        """The proxy's settings: PROXY with the spec's host and ports, its runtime API socket
+        in RUN_DIR."""
+        return ProxySettings(**{
+            **asdict(self.proxy), "host": self.host, "http_port": self.http_port,
+            "grpc_port": self.grpc_port,
+            "stats_socket": str(run_dir / "haproxy.sock") if run_dir else None})
+
 
 class LocalCluster:
     """Starts, watches, grows, shrinks and stops the nodes and the proxy."""
@@ -97,9 +110,7 @@ class LocalCluster:
         self.run_dir = private_folder(spec.run_dir or run_dir_for(spec.http_port))
         self.nodes: list[LocalNode] = []
         self.remote: list[Node] = []
-        self.settings = ProxySettings(**{
-            **asdict(spec.proxy), "host": spec.host, "http_port": spec.http_port,
-            "grpc_port": spec.grpc_port, "stats_socket": str(self.run_dir / "haproxy.sock")})
+        self.settings = spec.settings(self.run_dir)
         self.proxy = HaproxyProcess(self.run_dir / "haproxy.cfg", self.run_dir / "haproxy.log")
         self.api = RuntimeApi(self.run_dir / "haproxy.sock")
         self._next_id = 1

@@ -34,7 +34,7 @@ def haproxy_binary() -> str:
 
 def check_config(path: Path) -> None:
     """`haproxy -c`: a ConfigError with HAProxy's own first complaint when the file is bad."""
-    done = subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(path)], capture_output=True,
+    done = subprocess.run([haproxy_binary(), "-c", "-f", str(path)], capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
         lines = [ln for ln in (done.stderr + done.stdout).splitlines() if "ALERT" in ln]

@@ -178,3 +178,25 @@ def test_statefulset_pods_get_fixed_ring_ids_every_proxy_shares() -> None:
     assert [line.split(" id ")[1].split()[0] for line in home] == ["1", "2", "3"]
     grpc = [line for line in _section(text, "backend grpc_spread") if line.startswith("server ")]
     assert all("track http_home/serval-node-" in line for line in grpc)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"http_port": 70000}, "--http-port 70000 is outside 1-65535"),
+    ({"grpc_port": 0}, "--grpc-port 0 is outside 1-65535"),
+    ({"stats_port": 99999}, "--stats-port 99999 is outside 1-65535"),
+    ({"threads": 100000}, "proxy threads must be 1-64"),
+    ({"threads": 0}, "proxy threads must be 1-64"),
+    ({"host": "bad host"}, "the proxy's host 'bad host' is not a host name"),
+    ({"stats_socket": "/tmp/a b"}, "the stats socket path '/tmp/a b' must be"),
+    ({"http_port": 8000, "grpc_port": 8000}, "--http-port and --grpc-port are both 8000"),
+    ({"grpc_port": None, "stats_port": 8000}, "--http-port and --stats-port are both 8000"),
+])
+def test_proxy_settings_refuse_what_haproxy_would(settings: dict[str, object], message: str
+                                                  ) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ProxySettings(**settings)  # type: ignore[arg-type]
+
+
+def test_discovery_ports_are_checked() -> None:
+    with pytest.raises(ValueError, match="--node-http-port 70000 is outside 1-65535"):
+        Discovery("svc.local", http_port=70000)
