@@ -35,6 +35,7 @@ BROKEN = {
     "huge_batch": "max_batch_size",
     "huge_batch_e23": "max_batch_size",
     "superscript": "no version folder",
+    "pipeline_wrong_step": "maps input 'nosuch', which model 'good' does not have (its inputs",
 }
 
 
@@ -62,6 +63,11 @@ def _repository(root: Path) -> None:
     (root / "huge_batch_e23" / "config.yaml").write_text(
         "max_batch_size: 99999999999999999999999\n")
     (root / "superscript" / "1").rename(root / "superscript" / "²")
+    (root / "pipeline_wrong_step" / "1" / "model.onnx").unlink()
+    (root / "pipeline_wrong_step" / "config.yaml").write_text(
+        "backend: pipeline\ninputs:\n- {name: x, datatype: FP32, dims: [8]}\noutputs:\n"
+        "- {name: y, datatype: FP32, dims: [4]}\nsteps:\n- model: good\n"
+        "  inputs: {nosuch: x}\n  outputs: {probabilities: y}\n")
     # a version folder of Arabic-Indic digits is no version: the model serves 1/ only
     shutil.copytree(model.parent, root / "good" / "٣")
     # a model folder whose name is not UTF-8 is skipped (one warning)

@@ -374,7 +374,7 @@ def test_unload_dependents_takes_an_ensembles_steps_too(ensemble_server: Running
     if transport == "http":
         odd = call(ensemble_server.url, "POST", "/v2/repository/models/simple/unload",
                    b'{"parameters": {"unload_dependents": "yes"}}')
-        assert odd.status == 400 and "'unload_dependents' must be a boolean" in odd.error
+        assert odd.status == 400 and "'unload_dependents' must be a JSON boolean" in odd.error
     assert "model_repository(unload_dependents)" in (
         httpclient.InferenceServerClient(ensemble_server.url).get_server_metadata()["extensions"])
 

@@ -34,7 +34,7 @@ from serval.repository.overrides import (
 from serval.repository.response_cache import ResponseCache
 from serval.repository.routes import StepPath, StepRouter, StreamPath
 from serval.repository.served import ModelState, ServedModel
-from serval.repository.steps import StepNotReady, check_no_loop, steps_of
+from serval.repository.steps import StepNotReady, check_no_loop, check_step_tensors, steps_of
 from serval.repository.table import DEFAULT_CONTROL, ModelControl, ModelTable
 from serval.stats import Histogram
 
@@ -307,6 +307,7 @@ class ModelRegistry(ModelTable):
                 raise StepNotReady(f"step {index} ('{step.model}') cannot serve: {exc.message}",
                                    f"step {index} cannot serve: one of its models is not ready "
                                    "(the repository index and the log say why)") from None
+        check_step_tensors(served.name, steps, self.get)  # a tensor a step's model lacks
 
     def step_models(self, name: str) -> list[str]:
         """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's
