@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from serval.errors import ConfigError
+from serval.repository.store import is_version_name
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,8 @@ class RepositoryMirror:
         copied = 0
         for entry in self._fs.ls(remote, detail=True):
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-            if entry["type"] == "directory" and name.isdigit() and not (local / name).exists():
+            if (entry["type"] == "directory" and is_version_name(name)
+                    and not (local / name).exists()):
                 self._copy_version(entry["name"], local / name)
                 copied += 1
             elif entry["type"] == "file" and name in MUTABLE_FILES:

@@ -153,7 +153,7 @@ class Tracer:
             return
         self._buffer.append({
             "id": trace.id, "model_name": trace.model_name,
-            "model_version": int(version) if version.isdigit() else version,
+            "model_version": int(version) if version.isascii() and version.isdigit() else version,
             "timestamps": [{"name": name, "ns": ns} for name, ns in trace.timestamps]})
         frequency = int(str(self.settings(trace.model_name)["log_frequency"]))
         if frequency and len(self._buffer) >= frequency:
