@@ -119,3 +119,18 @@ def test_a_missing_library_names_the_extra_to_install(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip() == ("serval: this step needs skl2onnx, which is not installed: "
                                      "pip install 'serval-server[optimize]'")
+
+
+@pytest.mark.parametrize(("content", "reason"), [
+    (bytes(range(256)) * 20, "not a valid ONNX model: Protobuf parsing failed."),
+    (b"", "not a valid ONNX model: No graph was found in the protobuf."),
+])
+def test_a_file_that_is_no_onnx_model_is_one_line_and_writes_nothing(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    source = tmp_path / "bad.onnx"
+    source.write_bytes(content)
+    result = _serval("optimize", str(source), "--out", str(tmp_path / "out"), "--no-measure")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"serval: {source}: {reason}"
+    assert not (tmp_path / "out").exists()

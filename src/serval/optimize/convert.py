@@ -62,8 +62,9 @@ def convert(source: str, out: Path, inputs: list[TensorArg], output_names: list[
     if path.suffix == ".onnx":
         if not path.is_file():
             raise ConfigError(f"{source}: no such ONNX file")
+        reference = _onnx_reference(path)
         shutil.copyfile(path, out)
-        return Converted(out, "onnx", _onnx_reference(path), f"ONNX Runtime on {path.name}")
+        return Converted(out, "onnx", reference, f"ONNX Runtime on {path.name}")
     if path.suffix in SKLEARN_SUFFIXES:
         return _from_sklearn(path, out, inputs)
     if path.suffix in TORCHSCRIPT_SUFFIXES:
@@ -88,11 +89,22 @@ def _require_inputs(name: str, inputs: list[TensorArg]) -> None:
 
 
 def _onnx_reference(path: Path) -> Reference:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = open_onnx(path)
     names = [o.name for o in session.get_outputs()]
     return lambda feeds: dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def open_onnx(path: Path) -> Any:
+    """An ONNX Runtime session on path; a file it cannot load is a ConfigError naming why."""
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ONNX Runtime's pybind errors share no base but Exception
+        text = str(exc)
+        reason = text.split(" failed:", 1)[1] if " failed:" in text else text
+        reason = " ".join(reason.split()) or type(exc).__name__
+        raise ConfigError(f"{path}: not a valid ONNX model: {reason}") from None
 
 
 def _factory(spec: str) -> Any:

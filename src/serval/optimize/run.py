@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from serval.errors import ConfigError
 from serval.optimize import convert, graph, measure, parity, quantize, report, samples, search
 from serval.optimize.samples import DEFAULT_SEQUENCE, Feeds, InputSpec
 
@@ -55,8 +56,19 @@ class Outcome:
 
 
 def run(request: Request, progress: Progress = lambda _: None) -> Outcome:
-    """Run every requested step; outputs land in request.out."""
+    """Run every requested step; outputs land in request.out (a folder it made is removed
+    again when the source cannot be converted)."""
+    made = not request.out.exists()
     request.out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(request, progress)
+    except ConfigError:
+        if made and not any(request.out.iterdir()):
+            request.out.rmdir()
+        raise
+
+
+def _run(request: Request, progress: Progress) -> Outcome:
     steps: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix=".serval-optimize-", dir=request.out) as work_dir:
         work = Path(work_dir)
