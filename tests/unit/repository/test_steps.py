@@ -12,6 +12,8 @@ from serval.protocol.types import TensorSpec
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import check_step_tensors
 
+pytestmark = pytest.mark.unit
+
 
 class _Loaded:
     metadata = ModelMetadata(
