@@ -104,3 +104,21 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
     assert run.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "serval: interrupted", stderr
     assert "Traceback" not in stderr and "never retrieved" not in stderr, stderr
+
+
+@pytest.mark.parametrize("command", [["report", "-o", "REPORT"], ["plan", "--slo-p99-ms", "5"]])
+def test_report_and_plan_name_a_bad_field_of_a_results_file(tmp_path: Path,
+                                                            command: list[str]) -> None:
+    from tests.unit.loadtest.test_results import results_doc
+
+    doc = results_doc()
+    doc["steps"][0]["p99_ms"] = None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    args = [a.replace("REPORT", str(tmp_path / "r.html")) for a in command]
+    done = subprocess.run([sys.executable, "-m", "serval", args[0], str(path), *args[1:]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (f"serval: {path}: field 'steps.0.p99_ms': "
+                                   "Input should be a valid number")
+    assert not (tmp_path / "r.html").exists()

@@ -24,7 +24,7 @@ def plan_command(
     output: OutputFormat = FORMAT,
 ) -> None:
     """Per hardware: throughput at the SLO, cost per million, replicas, monthly cost, savings."""
-    from serval.loadtest.runner import load_results
+    from serval.loadtest.results import load_results
     from serval.planner.catalog import load_catalog
     from serval.planner.cost import plan
 

@@ -22,7 +22,7 @@ def report_command(
             fail("report.html or report.png exists here; name the report with -o "
                  "(an existing file given with -o is replaced)")
     from serval.loadtest.report import write_report
-    from serval.loadtest.runner import load_results
+    from serval.loadtest.results import load_results
 
     try:
         runs = [load_results(path) for path in results]

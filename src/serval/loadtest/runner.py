@@ -2,7 +2,8 @@
 
 Closed-loop steps hold `concurrency` clients busy; open-loop steps send a fixed `rate`. Each step
 is a StepResult from the generators (closed_loop, open_loop, grpc_closed_loop, grpc_open_loop);
-the whole run becomes one JSON document (`RESULTS_FORMAT`) that report and plan read back.
+the whole run becomes one JSON document (`RESULTS_FORMAT`) that report and plan read back
+(results.load_results).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from serval.loadtest import workloads
+from serval.loadtest.results import RESULTS_FORMAT
 from serval.loadtest.stats import StepResult
 from serval.protocol.types import TensorSpec
 
-RESULTS_FORMAT = "serval-loadtest/1"
 REQUEST_SETS = 16  # distinct pre-encoded requests, sent round-robin
 BOUND_SHARE = 0.7  # a step above this share of the generator's ceiling may be limited by it
 # the most one run may ask for: far past what one generator machine sends, short of what
@@ -179,16 +180,3 @@ def default_label(spec: LoadtestSpec) -> str:
     base = f"{spec.model} ({spec.protocol})"
     return f"{base} on {spec.hardware}" if spec.hardware else base
 
-
-def load_results(path: Path) -> dict[str, Any]:
-    """A results file written by `serval loadtest -o`; ValueError naming what is wrong."""
-    import orjson
-
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable JSON file: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != RESULTS_FORMAT:
-        raise ValueError(f"{path}: not a results file of `serval loadtest -o` "
-                         f"(expected format {RESULTS_FORMAT!r})")
-    return doc
