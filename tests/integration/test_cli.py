@@ -160,6 +160,14 @@ def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Pat
          "--cache-config takes local,size=BYTES"),
         (["serve", "-r", "/tmp", "--cache-config", "local,size=lots"],
          "size 'lots' is not a size in bytes"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "0"],
+         "--slo-p99-ms 0: expected a latency above 0"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "5", "--workers", "1,1000"],
+         "--workers '1,1000': expected 1 to 64"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "5", "--instances", "0"],
+         "--instances '0': expected 1 to 64"),
+        (["tune", "-r", "/tmp", "-m", "m", "--slo-p99-ms", "5", "--threads", "5000"],
+         "--threads '5000': expected 0 to 1,024"),
     ],
 )
 def test_failures_exit_non_zero_with_one_line(args: list[str], message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,15 +14,34 @@ from rich.markup import escape
 from serval.cli.command import fail
 from serval.cli.duration import milliseconds, seconds
 from serval.cli.loadtest import parse_numbers
+from serval.config import MAX_WORKERS
+from serval.loadtest.runner import MAX_CLIENTS
+from serval.model_config import MAX_THREADS
 
 if TYPE_CHECKING:
     from serval.planner.tuner import Search, SearchSpace
 
 
+MAX_INSTANCES = 64  # config.yaml's bound (model_config.ModelConfig.instances)
+# what serve and config.yaml accept (a trial beyond them only fails)
+BOUNDS = {"--threads": (0, MAX_THREADS), "--inter-op-threads": (0, MAX_THREADS),
+          "--instances": (1, MAX_INSTANCES), "--workers": (1, MAX_WORKERS),
+          "--concurrency": (1, MAX_CLIENTS)}
+
+
 def _knob(text: str, flag: str, configured: Any, cast: type = int) -> tuple[Any, ...]:
     """Configured value first (None: the model's own default), then the other candidates."""
-    values = [cast(v) for v in parse_numbers(text, flag, allow_zero=True)] if text else []
+    values = [cast(v) for v in _numbers(text, flag)] if text else []
     return (configured, *[v for v in dict.fromkeys(values) if v != configured])
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    """A flag's comma-separated values, each within what serving it accepts (one line if not)."""
+    bounds = BOUNDS.get(flag)
+    values = parse_numbers(text, flag, allow_zero=True, whole=bounds is not None)
+    if bounds is not None and any(not bounds[0] <= v <= bounds[1] for v in values):
+        fail(f"{flag} {text!r}: expected {bounds[0]} to {bounds[1]:,}")
+    return values
 
 
 def tune_command(
@@ -49,7 +69,16 @@ def tune_command(
     """Start temporary servers, search the configuration, write the best config.yaml."""
     from serval.planner.trial import TrialConfig, TrialResult, model_config, run_trial
     from serval.planner.tuner import Search, SearchSpace, tune, verdict
+    from serval.repository.store import is_version_name
 
+    if not 0 < slo_p99_ms < math.inf:
+        fail(f"--slo-p99-ms {slo_p99_ms:g}: expected a latency above 0")
+    for flag, text in (("--threads", threads), ("--inter-op-threads", inter_op),
+                       ("--max-batch", max_batch), ("--queue-delay-ms", delay),
+                       ("--instances", instances), ("--workers", workers),
+                       ("--concurrency", concurrency)):
+        if text:
+            _numbers(text, flag)  # every flag checked before the model is read
     model_dir = repository / model
     if not model_dir.is_dir():
         fail(f"model folder '{model_dir}' does not exist")
@@ -60,7 +89,8 @@ def tune_command(
         fail(f"{config_path}: not valid YAML: {exc}")
     base = base or {}
     ort, batching = base.get("onnxruntime", {}), base.get("batching", {})
-    versions = sorted((p.name for p in model_dir.iterdir() if p.name.isdigit()), key=int)
+    versions = sorted((p.name for p in model_dir.iterdir()
+                       if p.is_dir() and is_version_name(p.name)), key=int)
     space = SearchSpace({
         "intra_op_threads": _knob(threads, "--threads", ort.get("intra_op_threads")),
         "inter_op_threads": _knob(inter_op, "--inter-op-threads", ort.get("inter_op_threads")),
@@ -71,7 +101,7 @@ def tune_command(
         "workers": _knob(workers, "--workers", 1),
         "version": (None, *versions[:-1]),  # other version folders: precision variants
     })
-    levels = tuple(int(c) for c in parse_numbers(concurrency, "--concurrency"))
+    levels = tuple(int(c) for c in _numbers(concurrency, "--concurrency"))
     console = Console()
 
     def measure(config: TrialConfig) -> TrialResult:
@@ -89,12 +119,24 @@ def tune_command(
     search = Search(measure, budget_s, show)
     console.print(f"tuning {model} for p99 <= {slo_p99_ms:g} ms within {budget_s:g} s")
     default, best = tune(space, search)
+    if best.rps_at_slo <= 0:
+        _say_if_cut_short(console, space, search, budget_s)
+        fail(_none_met(search, slo_p99_ms), code=1)
     console.print(verdict(default, best))
     partial = _say_if_cut_short(console, space, search, budget_s)
-    unwritten = ("dry run" if dry_run else "no configuration met the SLO"
-                 if best.rps_at_slo <= 0 else "the search was cut short" if partial else None)
+    unwritten = "dry run" if dry_run else "the search was cut short" if partial else None
     _finish(console, config_path, model_config(base, best.config), best.config.workers,
             unwritten)
+
+
+def _none_met(search: Search, slo_p99_ms: float) -> str:
+    """Why no configuration came out: every trial failed (the first one's reason, a load
+    error when the model cannot load), or none met the SLO."""
+    errors = [r.error for r in search.trials.values() if r.error]
+    if len(errors) == len(search.trials):
+        return f"every trial failed, no config.yaml: {errors[0]}"
+    return (f"no configuration met p99 <= {slo_p99_ms:g} ms, even at the lowest concurrency; "
+            "no config.yaml (try a looser --slo-p99-ms)")
 
 
 def _say_if_cut_short(console: Console, space: SearchSpace, search: Search,

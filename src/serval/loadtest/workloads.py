@@ -33,9 +33,18 @@ def fetch_json(base_url: str, path: str, timeout_s: float = 10.0) -> dict[str, A
         with _DIRECT.open(url, timeout=timeout_s) as reply:
             return dict(orjson.loads(reply.read()))
     except urllib.error.HTTPError as exc:
-        raise WorkloadError(f"GET {url}: HTTP {exc.code}") from None
+        raise WorkloadError(f"GET {url}: HTTP {exc.code}{_reason(exc)}") from None
     except (OSError, orjson.JSONDecodeError) as exc:
         raise WorkloadError(f"GET {url}: {exc}") from None
+
+
+def _reason(exc: urllib.error.HTTPError) -> str:
+    """': <the server's error>' from a v2 error body (a model's load error), else ''."""
+    try:
+        error = orjson.loads(exc.read(4096)).get("error")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f": {' '.join(error.split())}" if isinstance(error, str) and error.strip() else ""
 
 
 def model_inputs(base_url: str, model: str) -> list[TensorSpec]:
