@@ -91,6 +91,20 @@ def test_models_list_shows_valid_and_invalid_configs(tmp_path: Path) -> None:
     assert "invalid" in result.stdout and "max_batch_size" in result.stdout
 
 
+def test_models_list_fits_80_columns_with_a_yaml_error_on_one_line(tmp_path: Path) -> None:
+    fixture_models.linear(tmp_path)
+    fixture_models.add_sub(tmp_path, name="bad_config", config="max_batch_size: [\n")
+    table = _serval("models", "list", "--repository", str(tmp_path), columns=80)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, table.stdout
+    status = " ".join(line.split("\u2502")[6].strip() for line in lines
+                      if line.count("\u2502") == 7)
+    assert "not valid YAML: while parsing a flow node did not find expected node" in status, \
+        table.stdout
+    assert "linear" in table.stdout and "bad_config" in table.stdout
+
+
 def test_models_list_and_repo_history_keep_values_whole_when_piped(tmp_path: Path) -> None:
     models = tmp_path / "models"
     long_name = "a-model-whose-name-is-longer-than-any-column-an-80-column-table-could-give"

@@ -122,3 +122,21 @@ def test_report_and_plan_name_a_bad_field_of_a_results_file(tmp_path: Path,
     assert done.stderr.strip() == (f"serval: {path}: field 'steps.0.p99_ms': "
                                    "Input should be a valid number")
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("target", [[], ["--target-rps", "1000"]])
+def test_plan_fits_80_columns_when_piped(tmp_path: Path, target: list[str]) -> None:
+    import os
+
+    from tests.unit.loadtest.test_results import results_doc
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(results_doc()))
+    done = subprocess.run([sys.executable, "-m", "serval", "plan", str(path), "--slo-p99-ms",
+                           "5", *target], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, done.stdout
+    for value in ("c6a.large", "100.0", "1.00", "0.2125"):
+        assert value in done.stdout, (value, done.stdout)

@@ -28,7 +28,7 @@ def list_models(
         fail(str(exc))
     rows = Rows([Column("model", "model"), Column("versions", "versions"),
                  Column("backend", "backend"), Column("max_batch_size", "max batch", True),
-                 Column("instances", "instances", True), Column("status", "status")])
+                 Column("instances", "instances", True), Column("status", "status", fold=True)])
     for directory in directories:
         versions = cell(directory.versions, ", ".join)
         try:

@@ -44,10 +44,13 @@ def plan_command(
 
 
 def _rows(rows: list, slo_p99_ms: float, target_rps: float | None) -> Rows:  # type: ignore[type-arg]
+    # $/hour, vCPU and accelerator describe the hardware its name already says: a narrow
+    # terminal's table goes without them (JSON and markdown keep them)
     columns = [Column("model", "model"), Column("hardware", "hardware"),
-               Column("usd_per_hour", "$/hour", True), Column("vcpu", "vCPU", True),
-               Column("accelerator", "accelerator"), Column("rps_at_slo", "req/s at SLO", True),
-               Column("p99_ms", "p99 ms", True)]
+               Column("usd_per_hour", "$/hour", True, optional=True),
+               Column("vcpu", "vCPU", True, optional=True),
+               Column("accelerator", "accelerator", optional=True),
+               Column("rps_at_slo", "req/s at SLO", True), Column("p99_ms", "p99 ms", True)]
     if target_rps:
         columns += [Column("replicas", "replicas", True),
                     Column("usd_per_month", "$/month", True)]

@@ -52,3 +52,41 @@ def test_a_row_needs_one_cell_per_column() -> None:
     with pytest.raises(ValueError, match="1 cells for 3 columns"):
         _rows().add(cell(1))
     assert rich_table(_rows()).row_count == 2
+
+
+def _printed(rows: Rows, width: int) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    emit(rows, OutputFormat.table, console)
+    return console.export_text().splitlines()
+
+
+def test_a_wide_table_drops_optional_columns_and_wraps_headers_to_fit_80() -> None:
+    headers = ["model", "hardware", "$/hour", "vCPU", "accelerator", "req/s at SLO", "p99 ms",
+               "replicas", "$/month", "$ per 1M", "reduction"]
+    optional = {"$/hour", "vCPU", "accelerator"}
+    rows = Rows([Column(f"c{i}", h, i > 1, optional=h in optional)
+                 for i, h in enumerate(headers)])
+    values = ["distilbert-base", "c6a.large", "0.0765", "2", "-", "2,891.6", "1.29", "1",
+              "1,255.84", "0.0073", "0.0%"]
+    rows.add(*(Cell(v, v) for v in values))
+    lines = _printed(rows, 80)
+    assert max(map(len, lines)) <= 80, "\n".join(lines)
+    text = "\n".join(lines)
+    for value in values[5:] + values[:2]:
+        assert value in text, (value, text)
+    assert not any(header in text for header in optional), text  # left out at 80
+    assert _printed(rows, 200)[1].count("\u2503") == len(headers) + 1  # all, where they fit
+
+
+def test_a_fold_column_folds_a_long_path_to_fit_and_line_breaks_become_spaces() -> None:
+    rows = Rows([Column("model", "model"), Column("versions", "versions"),
+                 Column("status", "status", fold=True)])
+    path = "/tmp/some/long/repository/path/bad_config/config.yaml"
+    rows.add(cell("bad_config"), cell("1"),
+             cell(f"invalid: {path}: not valid YAML: while parsing\n  in line 1\nexpected ','"))
+    lines = _printed(rows, 40)
+    assert max(map(len, lines)) <= 40, "\n".join(lines)
+    status = "".join(line.split("\u2502")[3].strip() + " " for line in lines if "\u2502" in line)
+    assert "bad_config" in "\n".join(lines)
+    assert "in line 1 expected ','" in status, status
+    assert path.replace("/", "") in status.replace(" ", "").replace("/", ""), status
