@@ -146,4 +146,4 @@ class RuntimeApi:
 
 
 def _int(value: str | None) -> int:
-    return int(value) if value.isascii() and value.isdigit() else 0
+    return int(value) if value and value.isascii() and value.isdigit() else 0
