@@ -257,7 +257,7 @@ class GrpcClientConnection(asyncio.Protocol):
             return
         for name, value in headers:
             if name == "grpc-status":
-                stream.status = int(value) if value.isdigit() else _NO_STATUS
+                stream.status = int(value) if value.isascii() and value.isdigit() else _NO_STATUS
             elif name == "grpc-message":
                 stream.message = value
         if flags & h2.END_STREAM:
