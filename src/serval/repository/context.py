@@ -10,12 +10,14 @@ from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
 from serval.batching.batcher import Batcher
 from serval.batching.priority import queue_rule
 from serval.errors import ConfigError
+from serval.model_config import MODEL_CONFIG_FILE
 from serval.protocol.types import InferRequest, InferResponse
 from serval.repository.bls_caller import LoopCaller
 from serval.repository.declared import as_declared
 from serval.repository.routes import StepRouter
 from serval.repository.sequences import serve_sequences
 from serval.repository.served import ServedModel
+from serval.repository.triton_config import PBTXT_FILE
 from serval.repository.warmup import run_warmup
 
 
@@ -34,7 +36,8 @@ class VersionContext:
         engine pool."""
         model = await asyncio.to_thread(engine.load, spec)
         try:
-            model = as_declared(model, spec.config, f"{spec.path.parent}/config.pbtxt")
+            config_file = PBTXT_FILE if spec.config.triton is not None else MODEL_CONFIG_FILE
+            model = as_declared(model, spec.config, f"{spec.path.parent}/{config_file}")
         except ConfigError:
             model.unload()
             raise

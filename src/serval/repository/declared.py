@@ -15,21 +15,17 @@ from serval.protocol.types import TensorDict, TensorSpec
 # Engines whose model files describe their own tensors; the others serve what the config says.
 SELF_DESCRIBING = ("onnxruntime", "openvino")
 
-PBTXT = "config.pbtxt"
-
 Reshapes = dict[str, tuple[int, ...]]  # tensor name -> its dims past the batch axis
 
 
 def as_declared(model: LoadedModel, config: ModelConfig, source: str) -> LoadedModel:
     """The model served with the config's declared tensors, from config.pbtxt or config.yaml
     alike (the model itself when the config declares none, or its engine has no file metadata
-    to check against). `source` names the config file; a config.yaml's is named as such."""
+    to check against). `source` names the config file."""
     if config.backend not in SELF_DESCRIBING:
         return model
     if not config.inputs and not config.outputs:
         return model
-    if config.triton is None and source.endswith(PBTXT):  # the loader names config.pbtxt
-        source = source.removesuffix(PBTXT) + "config.yaml"
     native = model.metadata
     batch = (-1,) if native.max_batch_size > 0 else ()
     inputs, reshaped_inputs = overlay(native.inputs, config.inputs, batch, "input", source)

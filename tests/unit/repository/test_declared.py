@@ -61,14 +61,14 @@ def test_a_config_yaml_that_contradicts_the_model_is_a_load_error(
         tensors: dict[str, object], named: str) -> None:
     config = ModelConfig.model_validate(tensors)  # config.yaml: no `triton` section
     with pytest.raises(ConfigError) as refused:
-        as_declared(Flat(), config, "m/config.pbtxt")
+        as_declared(Flat(), config, "m/config.yaml")
     assert str(refused.value) == named
 
 
 def test_a_config_yaml_that_agrees_with_the_model_serves_as_declared() -> None:
     config = ModelConfig.model_validate(
         {"inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}]})
-    model = as_declared(Flat(), config, "m/config.pbtxt")
+    model = as_declared(Flat(), config, "m/config.yaml")
     assert model.metadata.inputs[0].shape == (-1, 16)
     assert model.infer({"x": np.ones((2, 16), dtype=np.float32)})["y"].shape == (2, 16)
 
