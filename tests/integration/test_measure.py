@@ -148,8 +148,9 @@ def test_errors_are_counted_by_kind(measured: RunningServer, tmp_path: Path) -> 
     # its results are written all the same
     assert failing.returncode != 0
     assert re.fullmatch(r"serval: no request succeeded \(errors: http_500 x\d+\); the first "
-                        r"answer was HTTP 500: the model failed to run the request \(request "
-                        r"id \w+; details are in the server log\)", failing.stderr.strip())
+                        r"answer was HTTP 500: model 'raises': infer\(\) raised RuntimeError: "
+                        r"fails on purpose \(request id \w+; details are in the server log\)",
+                        failing.stderr.strip())
     steps = orjson.loads((tmp_path / "raises.json").read_bytes())["steps"]
     assert all(s["requests"] == 0 and s["errors"].get("http_500", 0) > 0 for s in steps)
     refused = _serval("loadtest", f"http://127.0.0.1:{free_port()}", "--model", "linear",
