@@ -145,14 +145,15 @@ def _object_field(doc: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return value
 
 
-def _flag(params: dict[str, Any], key: str, where: str) -> bool | None:
+def _flag(params: dict[str, Any], key: str, where: str, output: str = "") -> bool | None:
     """A boolean parameter: a JSON true or false (as Triton), None when absent; any other
-    value (the string "false", 0, []) is refused, never read as its truth value."""
+    value (the string "false", 0, []) is refused, never read as its truth value. `where`
+    ("{}" standing for `output`, cut short) is formatted only for the refusal."""
     value = params.get(key)
     if value is None or isinstance(value, bool):
         return value
-    raise InvalidInput(f"{where} '{key}' must be a JSON boolean (true or false), "
-                       f"got {shown(value)}")
+    raise InvalidInput(f"{where.format(output[:64])} '{key}' must be a JSON boolean (true or "
+                       f"false), got {shown(value)}")
 
 
 def _decode_inputs(raw_inputs: Any, binary: _BinarySection,
@@ -375,7 +376,7 @@ def _decode_requested_outputs(raw: Any) -> list[RequestedOutput] | None:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInput("each requested output must be an object with a 'name' string")
         params = _object_field(item, "parameters", f"output '{item['name']}'")
-        binary = _flag(params, "binary_data", f"output '{item['name'][:64]}' parameter")
+        binary = _flag(params, "binary_data", "output '{}' parameter", item["name"])
         requested.append(RequestedOutput(
             item["name"], binary,
             class_count(params.get("classification", 0), item["name"]),
