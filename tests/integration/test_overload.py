@@ -21,6 +21,7 @@ from tests.integration.http_helpers import (
     inference_count,
     occupy,
     wait_until_idle,
+    wait_until_queued,
 )
 
 pytestmark = pytest.mark.integration
@@ -111,16 +112,23 @@ def test_a_request_whose_deadline_passes_in_the_queue_gets_504(
     server_factory: Factory, tmp_path: Path, how: str
 ) -> None:
     extra = ["--default-timeout-ms", "50"] if how == "server default" else []
+    """The request waits behind a running batch and a queued one (each ~0.1-0.5 s), so its
+    50 ms pass while it is queued however fast this machine runs the first batch."""
     server = server_factory(_slow_repository(tmp_path), *extra)
-    blocker = _occupy(server)
     before = _computed_rows(server)
+    blocker = _occupy(server)
+    queued = threading.Thread(target=call, args=(server.url, "POST", "/v2/models/slow/infer",
+                                                 BIG))
+    queued.start()
+    wait_until_queued(server.url, "slow", 1)
     body = _one_row({"timeout": 50_000} if how == "parameter" else None)
     headers = {"Serval-Timeout-Ms": "50"} if how == "header" else None
     reply = call(server.url, "POST", "/v2/models/slow/infer", body, headers)
     blocker.join(timeout=60)
+    queued.join(timeout=60)
     assert reply.status == 504 and "deadline" in reply.error
     wait_until_idle(server.url, "slow")  # the expired request has been taken from the queue
-    assert _computed_rows(server) == before + 128  # only the blocker was computed
+    assert _computed_rows(server) == before + 256  # only the two big requests were computed
 
 
 @pytest.mark.parametrize(("parameters", "headers", "message"), [
