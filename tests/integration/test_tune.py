@@ -77,7 +77,7 @@ def test_tune_refuses_a_missing_model(tmp_path: Path) -> None:
     assert run.returncode == 2 and "does not exist" in run.stderr
 
 
-def test_a_model_that_cannot_load_fails_with_its_load_error_and_no_best_config(
+def test_a_model_that_cannot_load_stops_at_its_load_error_with_no_best_config(
     tmp_path: Path,
 ) -> None:
     version = tmp_path / "broken" / "1"
@@ -86,12 +86,14 @@ def test_a_model_that_cannot_load_fails_with_its_load_error_and_no_best_config(
     (tmp_path / "broken" / "²").mkdir()  # not a version folder (int('²') crashed the listing)
     run = subprocess.run(
         [sys.executable, "-m", "serval", "tune", "--repository", str(tmp_path), "--model",
-         "broken", "--slo-p99-ms", "200", "--budget", "1s", "--threads", "1",
-         "--max-batch", "8", "--queue-delay-ms", "0", "--instances", "1", "--workers", "1",
+         "broken", "--slo-p99-ms", "200", "--budget", "10m", "--threads", "1,2",
+         "--max-batch", "8,16", "--queue-delay-ms", "0", "--instances", "1", "--workers", "1",
          "--concurrency", "1", "--trial-duration", "0.3", "--trial-warmup", "0", "--dry-run"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 1, run.stderr + run.stdout
-    assert run.stderr.startswith("serval: every trial failed, no config.yaml: "), run.stderr
+    assert run.stderr.startswith("serval: the model failed as configured, so nothing else "
+                                 "was tried: "), run.stderr
+    assert run.stdout.count("trial ") == 1, run.stdout  # no other knob was tried
     assert "HTTP 503" in run.stderr and "load failed" in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "best config.yaml" not in run.stdout, run.stdout

@@ -133,6 +133,8 @@ def _none_met(search: Search, slo_p99_ms: float) -> str:
     """Why no configuration came out: every trial failed (the first one's reason, a load
     error when the model cannot load), or none met the SLO."""
     errors = [r.error for r in search.trials.values() if r.error]
+    if len(search.trials) == 1 and errors:
+        return f"the model failed as configured, so nothing else was tried: {errors[0]}"
     if len(errors) == len(search.trials):
         return f"every trial failed, no config.yaml: {errors[0]}"
     return (f"no configuration met p99 <= {slo_p99_ms:g} ms, even at the lowest concurrency; "

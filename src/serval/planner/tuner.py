@@ -84,6 +84,8 @@ def tune(space: SearchSpace, search: Search) -> tuple[TrialResult, TrialResult]:
     """Run the search; (default's result, best result)."""
     default = search.trial("default", space.default())
     assert default is not None
+    if default.error:  # the model fails as configured (it cannot load): no knob will mend it
+        return default, default
     for config in space.one_at_a_time():
         if search.trial("coarse", config) is None:
             return default, search.best()

@@ -41,6 +41,25 @@ def test_search_finds_the_peak_and_measures_each_point_once() -> None:
     assert "x" in verdict(default, best)
 
 
+def test_a_default_that_fails_ends_the_search() -> None:
+    """A model that fails as configured (it cannot load) fails under every other knob too."""
+    def broken(config: TrialConfig) -> TrialResult:
+        return TrialResult(config, 0.0, 0.0, 0, error="failed to load 'm'")
+
+    search = Search(broken, budget_s=60)
+    default, best = tune(SPACE, search)
+    assert list(search.trials) == [SPACE.default()] and best is default
+
+
+def test_a_default_that_misses_the_slo_still_searches() -> None:
+    def only_two_workers(config: TrialConfig) -> TrialResult:
+        return TrialResult(config, 100.0 * (config.workers == 2), 10.0, 16)
+
+    search = Search(only_two_workers, budget_s=60)
+    default, best = tune(SPACE, search)
+    assert default.rps_at_slo == 0 and best.config.workers == 2
+
+
 def test_the_budget_stops_the_search() -> None:
     def slow(config: TrialConfig) -> TrialResult:
         time.sleep(0.05)
