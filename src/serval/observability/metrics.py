@@ -29,7 +29,7 @@ class ModelView(Protocol):
     @property
     def memory_bytes(self) -> int: ...
     @property
-    def ready(self) -> bool: ...
+    def ready(self) -> int: ...  # True when it serves; for the summed rest, how many serve
     @property
     def pending_requests(self) -> int: ...
     @property
@@ -38,11 +38,12 @@ class ModelView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ModelGauges:
-    """One model version's counters plus what is true of it right now (a ModelView)."""
+    """One model version's counters plus what is true of it right now (a ModelView); for
+    model="_other", the sum over the versions it stands for (`ready`: how many are ready)."""
 
     stats: ModelStats
     memory_bytes: int
-    ready: bool
+    ready: int
     pending_requests: int
     running_batches: int
 
@@ -126,7 +127,7 @@ class ModelMetricsCollector(Collector):
         rest = [m for m in models if id(m) not in chosen]
         other = self._totals.minus([m.stats for m in top], OTHER_MODELS)
         return [*top, ModelGauges(
-            other, sum(m.memory_bytes for m in rest), any(m.ready for m in rest),
+            other, sum(m.memory_bytes for m in rest), sum(1 for m in rest if m.ready),
             sum(m.pending_requests for m in rest), sum(m.running_batches for m in rest))]
 
     def collect(self) -> Iterator[Metric]:
@@ -140,7 +141,8 @@ class ModelMetricsCollector(Collector):
         memory = GaugeMetricFamily(
             "serval_model_memory_bytes", "Memory held by the loaded model", labels=LABELS
         )
-        ready = GaugeMetricFamily("serval_model_ready", "1 when the model serves", labels=LABELS)
+        ready = GaugeMetricFamily("serval_model_ready", "1 when the model serves (the "
+                                  "summed rest: how many of them serve)", labels=LABELS)
         pending = GaugeMetricFamily(
             "serval_pending_requests", "Requests queued, not yet computing", labels=LABELS
         )
@@ -173,7 +175,7 @@ class ModelMetricsCollector(Collector):
             inferences.add_metric(labels, stats.inference_count)
             executions.add_metric(labels, stats.execution_count)
             memory.add_metric(labels, model.memory_bytes)
-            ready.add_metric(labels, 1 if model.ready else 0)
+            ready.add_metric(labels, int(model.ready))
             pending.add_metric(labels, model.pending_requests)
             running.add_metric(labels, model.running_batches)
             for attribute, family in histograms.items():
