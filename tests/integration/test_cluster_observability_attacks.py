@@ -4,13 +4,17 @@ servers (and a real HAProxy where one is installed): figures must match what was
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from serval.ports import free_ports
 from tests import fixture_models
-from tests.conftest import RunningServer
+from tests.conftest import EXAMPLES, RunningServer
 from tests.integration.http_helpers import call, infer
 
 pytestmark = pytest.mark.integration
@@ -47,3 +51,20 @@ def test_models_ready_summed_over_every_series_counts_every_ready_model(
     assert sum(ready.values()) == 5, ready
     requests = _series(metrics, "serval_requests_total")
     assert sum(requests.values()) == 5, requests
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="HAProxy is not installed")
+@pytest.mark.parametrize(("host", "expected"), [
+    ("10.255.255.1", "--host 10.255.255.1 is not an address of this machine"),
+    ("nonexistent.invalid", "--host 'nonexistent.invalid' does not resolve"),
+])
+def test_cluster_up_on_an_address_not_of_this_machine_says_so_not_port_in_use(
+        host: str, expected: str) -> None:
+    http_port, grpc_port = free_ports(2)
+    done = subprocess.run(
+        [sys.executable, "-m", "serval", "cluster", "up", "-r", str(EXAMPLES), "--host", host,
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "in use" not in lines[0], lines

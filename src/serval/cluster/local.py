@@ -7,6 +7,7 @@ The cluster's state (nodes, ports, pids, the proxy's files) lives in a run folde
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.client
 import json
 import logging
@@ -120,8 +121,9 @@ class LocalCluster:
     def start(self) -> None:
         """Every node ready, then the proxy listening; ConfigError/OSError if one cannot."""
         for port in (self.spec.http_port, self.spec.grpc_port):
-            if port and not _can_bind(self.spec.host, port):
-                raise ConfigError(f"the proxy's port {port} is in use on {self.spec.host}")
+            problem = _bind_problem(self.spec.host, port) if port else None
+            if problem:
+                raise ConfigError(problem)
         shares = plan_shares(self.spec.nodes, self.spec.node_cpus, self.run_dir.name)
         try:
             for share in shares:
@@ -342,14 +344,26 @@ def _child_setup(share: CpuShare | None) -> None:
         share.enter()
 
 
-def _can_bind(host: str, port: int) -> bool:
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why the proxy could not listen on host:port (in use, not this machine's address, a
+    name that does not resolve, a port that needs privileges); None when it can."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+        except socket.gaierror:
+            return f"--host {host!r} does not resolve to an address of this machine"
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"the proxy's port {port} is in use on {host}"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"--host {host} is not an address of this machine (give one of its " \
+                       "addresses, 127.0.0.1 or 0.0.0.0)"
+            if exc.errno == errno.EACCES:
+                return f"the proxy may not listen on port {port} (ports below 1024 need " \
+                       "privileges); give a port from 1024"
+            return f"the proxy cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
