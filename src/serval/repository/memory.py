@@ -64,6 +64,20 @@ class MemoryKeeper:
         self._frozen_since_reclaim = False
         self._last_trim = 0.0
         self._trimming: asyncio.Task[None] | None = None
+        self._reserved: dict[object, int] = {}  # bytes of each load under way, by version
+
+    def reserve(self, version: object, nbytes: int) -> None:
+        """Hold `nbytes` of the budget for a version while it loads (before it is READY its
+        bytes are not resident yet, and concurrent loads would each count the same room)."""
+        self._reserved[version] = nbytes
+
+    def settle(self, version: object) -> None:
+        """The load is over: its bytes are resident now, or it failed."""
+        self._reserved.pop(version, None)
+
+    def reserved(self, besides: object) -> int:
+        """Bytes held for loads under way other than `besides`."""
+        return sum(n for version, n in self._reserved.items() if version is not besides)
 
     def after_eviction(self) -> None:
         now = self._clock()

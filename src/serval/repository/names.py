@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from serval.errors import InvalidInput
+from serval.errors import InvalidInput, LoadFailed, ModelNotReady, ServalError
 from serval.repository.served import ServedModel
 
 UNKNOWN_MODEL = "Request for unknown model: "  # Triton's words, which clients match on
@@ -14,9 +14,12 @@ MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
 
 
-def not_ready_message(served: ServedModel, versioned: bool = True) -> str:
-    """Triton's words for a model (version) that is known and not ready, then why."""
-    reason = f" ({served.reason})" if served.reason else ""
+def not_ready_message(served: ServedModel, versioned: bool = True,
+                      reason: str | None = None) -> str:
+    """Triton's words for a model (version) that is known and not ready, then why (its
+    reason now, or `reason`)."""
+    why = served.reason if reason is None else reason
+    reason = f" ({why})" if why else ""
     if versioned:
         return (f"{UNKNOWN_MODEL}'{served.name}' version {served.version} is not at ready "
                 f"state{reason}")
@@ -47,3 +50,13 @@ def public_reason(root: Path, reason: str) -> str:
     any other filesystem path reduced to its last name (the log keeps the full reason)."""
     prefix = str(root).rstrip("/") + "/"
     return _ABSOLUTE_PATH.sub(_last_name, reason.replace(prefix, ""))
+
+
+def load_error(name: str, failed: list[ServedModel]) -> ServalError:
+    """Why a load request failed: LoadFailed (400, as Triton) when a version is broken,
+    ModelNotReady (503) when every failure is for want of room now."""
+    message = f"failed to load '{name}': " + "; ".join(
+        f"version {served.version}: {served.reason}" for served in failed)
+    if any(served.broken for served in failed):
+        return LoadFailed(message)
+    return ModelNotReady(message)

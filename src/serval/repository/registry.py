@@ -4,7 +4,8 @@ eviction by bytes.
 The versions themselves, and which one a request reaches, are the table's
 (repository/table.py); a load is the loader's (repository/loader.py). Loads run one per version
 at a time (concurrent first requests await the same load). Under a memory budget, idle
-least-recently-used versions are evicted to make room; a pinned or busy version never is. A
+least-recently-used versions are evicted to make room; a pinned or busy version never is (a
+request waiting for a version's load pins it), and a load under way holds its bytes. A
 load with an override (repository/overrides.py) loads every selected version afresh beside the
 serving ones, which hand over once all are ready; it holds until an unload or a plain load.
 """
@@ -19,12 +20,17 @@ from pathlib import Path
 
 from serval.backends.base import Backend
 from serval.config import server_default
-from serval.errors import ConfigError, LoadFailed, ModelNotFound, ModelNotReady, ServalError
+from serval.errors import ConfigError, LoadFailed, ModelNotFound, ModelNotReady
 from serval.model_config import PipelineStep
 from serval.repository.layout import scan_model, scan_repository, version_signature
 from serval.repository.loader import Source, VersionLoader
 from serval.repository.memory import MemoryKeeper
-from serval.repository.names import UNKNOWN_MODEL, check_requested_name, not_ready_message
+from serval.repository.names import (
+    UNKNOWN_MODEL,
+    check_requested_name,
+    load_error,
+    not_ready_message,
+)
 from serval.repository.overrides import (
     LoadOverride,
     model_directory,
@@ -96,7 +102,7 @@ class ModelRegistry(ModelTable):
         selected version reloads (`_swap`).
 
         Raises ModelNotFound for a folder that is not there; LoadFailed when a selected version
-        is broken, ModelNotReady when one finds no room now (_load_error); then nothing is
+        is broken, ModelNotReady when one finds no room now (load_error); then nothing is
         retired and the serving versions keep serving.
         """
         if isinstance(override, dict):
@@ -119,7 +125,7 @@ class ModelRegistry(ModelTable):
             return
         failed = await self._load_versions(name)
         if failed:  # retire nothing: the versions already serving keep serving
-            raise _load_error(name, failed)
+            raise load_error(name, failed)
         for served in retired:
             await self._retire(served, "retired: the version policy no longer selects it")
 
@@ -166,7 +172,7 @@ class ModelRegistry(ModelTable):
         await asyncio.gather(*(self._load(s, (directory, override)) for s in fresh))
         failed = [s for s in fresh if not s.ready]
         if failed:
-            error = _load_error(name, failed)
+            error = load_error(name, failed)
             for served in fresh:
                 await self._release(served, ModelState.UNAVAILABLE, "load abandoned")
             raise error
@@ -181,8 +187,6 @@ class ModelRegistry(ModelTable):
             versions[served.version] = served
         self._selected[name] = selected
         for served in old:
-            if served.loading is not None:  # a load under way: let it finish, then retire it
-                await asyncio.shield(served.loading)
             await self._retire(served, "replaced by a reload" if served.version in selected
                                else "retired: the version policy no longer selects it")
 
@@ -192,11 +196,12 @@ class ModelRegistry(ModelTable):
         versions = self._models.get(name)
         if versions is None:
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
-        for served in versions.values():
-            await self._retire(served, "unloaded")
-        override = self._overrides.pop(name, None)
-        if override is not None:
-            override.discard()
+        async with self._swaps.setdefault(name, asyncio.Lock()):  # after a reload under way
+            for served in list(versions.values()):  # a load may add a version meanwhile
+                await self._retire(served, "unloaded")
+            override = self._overrides.pop(name, None)
+            if override is not None:
+                override.discard()
 
     def route_steps(self, path: StepPath) -> None:
         """The per-model path a composite model (a pipeline) runs its steps through: the data
@@ -216,12 +221,16 @@ class ModelRegistry(ModelTable):
 
     async def _pin(self, name: str, version: str | None) -> ServedModel:
         served = self.get(name, version)
+        served.in_flight += 1  # pinned while it loads too: no other load evicts it meanwhile
         if served.state is ModelState.READY:
             self.hits += 1
         else:
             self.misses += 1
-            await self._load_on_demand(served, bool(version))
-        served.in_flight += 1
+            try:
+                await self._load_on_demand(served, bool(version))
+            except BaseException:
+                served.in_flight -= 1
+                raise
         served.last_used_ns = self._clock()
         return served
 
@@ -262,12 +271,13 @@ class ModelRegistry(ModelTable):
             return
         if served.loading is None:
             served.loading = asyncio.ensure_future(self._load(served))
-        await asyncio.shield(served.loading)
-        if not served.ready:  # re-read after the await: the load may have failed
-            raise ModelNotReady(not_ready_message(served))
+        reason = await asyncio.shield(served.loading)
+        if not served.ready:  # the load failed: say why (a later load may be under way now)
+            raise ModelNotReady(not_ready_message(served, reason=reason or served.reason))
 
-    async def _load(self, served: ServedModel, source: Source | None = None) -> None:
-        """Load from `source`, else from the folder and override the model serves under."""
+    async def _load(self, served: ServedModel, source: Source | None = None) -> str:
+        """Load from `source`, else from the folder and override the model serves under;
+        returns why it failed ('' once READY)."""
         previous, served.broken = served.state, False
         try:
             await self._load_steps(served)  # before taking a slot: a step needs its own
@@ -288,6 +298,8 @@ class ModelRegistry(ModelTable):
                                                      "reason": str(exc)})
         finally:
             served.loading = None
+            self._memory.settle(served)  # a load that failed holds no room
+        return "" if served.ready else served.reason
 
     # pipelines: a composite model serves only while every step's model does -----------------
 
@@ -327,14 +339,16 @@ class ModelRegistry(ModelTable):
     # memory ----------------------------------------------------------------------------------
 
     async def _make_room(self, needed_bytes: int, loading: ServedModel) -> None:
-        """Evict idle least-recently-used versions until needed_bytes more fit the budget."""
+        """Evict idle least-recently-used versions until needed_bytes more fit the budget
+        beside the bytes held for other loads under way; 0: `loading` is resident now."""
         budget = self.memory_budget_bytes
+        self._memory.settle(loading)
         if budget is None:
             return
         if needed_bytes > budget:
             raise ConfigError(f"model '{loading.name}' version {loading.version} needs "
                               f"{needed_bytes} bytes; the memory budget is {budget} bytes")
-        while self.resident_bytes + needed_bytes > budget:
+        while self.resident_bytes + self._memory.reserved(loading) + needed_bytes > budget:
             victims = [s for s in self.all_models()
                        if s.state is ModelState.READY and s.idle and s is not loading]
             if not victims:
@@ -349,10 +363,15 @@ class ModelRegistry(ModelTable):
             await self._release(victim, ModelState.EVICTED, "evicted to fit the memory budget")
             victim.auto_load = True
             self._memory.after_eviction()
+        if needed_bytes:
+            self._memory.reserve(loading, needed_bytes)
 
     async def _retire(self, served: ServedModel, reason: str) -> None:
-        """Stop routing to a version, let its in-flight requests finish, then release it."""
-        served.auto_load = False
+        """Stop routing to a version, let its in-flight requests finish, then release it; a
+        load under way finishes first (else it would serve after its unload)."""
+        served.auto_load, served.retired = False, True
+        if served.loading is not None:
+            await asyncio.shield(served.loading)
         if served.state is not ModelState.READY:
             served.state, served.reason = ModelState.UNAVAILABLE, reason
             return
@@ -391,12 +410,3 @@ class Lease:
         if self._served is not None:
             self._served.in_flight -= 1
 
-
-def _load_error(name: str, failed: list[ServedModel]) -> ServalError:
-    """Why a load request failed: LoadFailed (400, as Triton) when a version is broken,
-    ModelNotReady (503) when every failure is for want of room now."""
-    message = f"failed to load '{name}': " + "; ".join(
-        f"version {served.version}: {served.reason}" for served in failed)
-    if any(served.broken for served in failed):
-        return LoadFailed(message)
-    return ModelNotReady(message)

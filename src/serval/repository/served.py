@@ -36,9 +36,10 @@ class ServedModel:
     memory_bytes: int = 0
     load_number: int = 0  # which of the registry's loads this is (response cache scopes)
     signature: VersionSignature | None = None  # its files at load (None: an override's)
-    loading: asyncio.Task[None] | None = None
+    loading: asyncio.Task[str] | None = None  # its load under way: why it failed ('' if not)
     auto_load: bool = False  # may load on a request (lazy control, or evicted)
     broken: bool = False  # its last load failed on its files or config, not for want of room
+    retired: bool = False  # unloaded or replaced: never serves again (a load makes a new one)
     totals: ModelStats | None = None  # the registry's server-wide sums
 
     def __post_init__(self) -> None:

@@ -140,7 +140,11 @@ class ModelTable:
         self._selected[name] = selected
         for version in selected or (directory.versions[-1:] or ("1",) if problem else ()):
             served = versions.get(version)
-            if served is None or served.state is ModelState.UNAVAILABLE:
+            # a version waiting for a load slot is UNAVAILABLE too: its load goes on (a second
+            # entry would load the version twice and leak the first); one being retired is
+            # replaced
+            if served is None or served.retired or (served.state is ModelState.UNAVAILABLE
+                                                    and served.loading is None):
                 versions[version] = ServedModel(
                     name, version, ModelState.UNAVAILABLE, problem or "not loaded",
                     auto_load=not problem and self.control == "lazy", totals=self.totals)

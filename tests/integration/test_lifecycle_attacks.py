@@ -1,0 +1,149 @@
+"""Model lifecycle under concurrent operator actions, on a real server: an unload, a load or a
+request that arrives while a load of the same model is still under way."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import Reply, call, infer
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningServer]
+WIDTH = 1024  # fixture_models.slow's
+X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, WIDTH], "data": [0.01] * WIDTH}]}
+
+
+def _slow_to_load(root: Path, name: str, warmups: int) -> None:
+    """A model whose load runs `warmups` batches of 64 through fixture_models.slow: a load
+    that stays under way long enough for another request to arrive during it."""
+    fixture_models.slow(root, name)
+    (root / name / "config.yaml").write_text(
+        "max_batch_size: 128\nwarmup:\n  - name: zeros\n    batch_size: 64\n"
+        f"    count: {warmups}\n    inputs: {{x: {{datatype: FP32, dims: [{WIDTH}], "
+        "data: zero}}\n")
+
+
+def _states(server: RunningServer) -> dict[str, tuple[str, str]]:
+    index = call(server.url, "POST", "/v2/repository/index").json()
+    return {f"{e['name']}/{e['version']}": (e["state"], e["reason"]) for e in index}
+
+
+def _metric(server: RunningServer, name: str) -> float:
+    text = call(server.url, "GET", "/metrics").body.decode()
+    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what} in {timeout_s} s"
+        time.sleep(0.01)
+
+
+def _in_background(send: Callable[[], Reply]) -> tuple[threading.Thread, list[Reply]]:
+    replies: list[Reply] = []
+    thread = threading.Thread(target=lambda: replies.append(send()))
+    thread.start()
+    return thread, replies
+
+
+def test_an_unload_during_a_load_leaves_the_model_unloaded(server_factory: Factory,
+                                                           tmp_path: Path) -> None:
+    """An unload that arrives while the model loads waits for the load, then unloads: the
+    model does not come up READY after its unload answered 200 (it did, serving on)."""
+    _slow_to_load(tmp_path, "slow_load", warmups=30)
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    loading, load_replies = _in_background(
+        lambda: call(server.url, "POST", "/v2/repository/models/slow_load/load"))
+    _wait_for("LOADING", lambda: _states(server)["slow_load/1"][0] == "LOADING")
+    unload = call(server.url, "POST", "/v2/repository/models/slow_load/unload")
+    loading.join()
+    assert unload.status == 200, unload.body
+    assert load_replies[0].status == 200, load_replies[0].body  # it came first, and loaded
+    assert _states(server)["slow_load/1"] == ("UNAVAILABLE", "unloaded")
+    refused = infer(server.url, "slow_load", X)
+    assert refused.status in (400, 503) and "unloaded" in refused.error, refused.body
+    assert call(server.url, "GET", "/v2/models/slow_load/ready").status != 200
+    # and a load after it loads the model again
+    assert call(server.url, "POST", "/v2/repository/models/slow_load/load").status == 200
+    assert infer(server.url, "slow_load", X).status == 200
+
+
+def test_a_load_while_the_same_model_waits_for_a_load_slot_loads_it_once(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """A lazy request's load waits for the one load slot; an explicit load of the same model
+    meanwhile joins that load. (It started a second one: the model loaded twice, and the first
+    engine, no longer in the table, was never released nor counted against the budget.)"""
+    _slow_to_load(tmp_path, "slow_load", warmups=30)
+    fixture_models.add_sub(tmp_path, "cold")
+    server = server_factory(tmp_path, "--model-control", "lazy", "--max-concurrent-loads", "1")
+    pair = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                       for n in ("INPUT0", "INPUT1")]}
+    occupying, occupied = _in_background(lambda: infer(server.url, "slow_load", X))
+    _wait_for("LOADING", lambda: _states(server)["slow_load/1"][0] == "LOADING")
+    waiting, waited = _in_background(lambda: infer(server.url, "cold", pair))
+    _wait_for("a second miss", lambda: _metric(server, "serval_model_cache_misses_total") == 2)
+    assert _states(server)["cold/1"][0] == "UNAVAILABLE"  # its load waits for the slot
+    load = call(server.url, "POST", "/v2/repository/models/cold/load")
+    occupying.join()
+    waiting.join()
+    assert load.status == 200, load.body
+    assert occupied[0].status == 200, occupied[0].body
+    assert waited[0].status == 200, waited[0].body
+    assert orjson.loads(waited[0].body)["outputs"][0]["data"] == [2.0] * 16
+    assert _metric(server, "serval_model_loads_total") == 2  # slow_load and cold, once each
+    assert _metric(server, "serval_model_cache_misses_total") == 2
+
+
+def test_clients_over_more_models_than_the_budget_holds(server_factory: Factory,
+                                                       tmp_path: Path) -> None:
+    """Clients spread over 6 models where the budget holds 2, with 4 loads at once: a request
+    that waited for its model's load gets that model (another load evicted it before the
+    request could use it: 503 'evicted'), and the models resident never exceed the budget
+    (concurrent loads each counted the same free room: 4.5 models resident)."""
+    names = [f"h{index}" for index in range(6)]
+    for name in names:
+        fixture_models.heavy(tmp_path, name)  # ~4 MB resident each
+    budget = 8 << 20
+    server = server_factory(tmp_path, "--model-control", "lazy", "--memory-budget",
+                            str(budget), "--max-concurrent-loads", "4")
+    body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 384],
+                                     "data": [0.01] * 384}]})
+    replies: list[Reply] = []
+    resident: list[float] = []
+    done = threading.Event()
+
+    def client(seed: int) -> None:
+        for step in range(40):
+            replies.append(infer(server.url, names[(seed * 7 + step * (seed + 1)) % 6], body))
+
+    def watch() -> None:
+        while not done.is_set():
+            resident.append(_metric(server, "serval_resident_bytes"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    clients = [threading.Thread(target=client, args=(seed,)) for seed in range(12)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    done.set()
+    watcher.join()
+    failed = [reply for reply in replies if reply.status != 200]
+    assert len(replies) - len(failed) >= len(names), "hardly anything was served"
+    for reply in failed:  # the one refusal allowed: every resident model is busy now
+        assert reply.status == 503 and "every loaded model is busy" in reply.error, reply.body
+    assert max(resident) <= budget, f"{max(resident)} bytes resident; the budget is {budget}"
