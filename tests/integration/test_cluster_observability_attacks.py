@@ -3,21 +3,29 @@ servers (and a real HAProxy where one is installed): figures must match what was
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from serval.cluster.haproxy import Node, ProxySettings, render
+from serval.cluster.proxy import SOFT_STOP_RESEND_S, HaproxyProcess, RuntimeApi
 from serval.ports import free_ports
 from tests import fixture_models
 from tests.conftest import EXAMPLES, RunningServer
 from tests.integration.http_helpers import call, infer
 
 pytestmark = pytest.mark.integration
+needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None,
+                                   reason="HAProxy is not installed (make setup installs it)")
 X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
 
 
@@ -53,7 +61,7 @@ def test_models_ready_summed_over_every_series_counts_every_ready_model(
     assert sum(requests.values()) == 5, requests
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="HAProxy is not installed")
+@needs_haproxy
 @pytest.mark.parametrize(("host", "expected"), [
     ("10.255.255.1", "--host 10.255.255.1 is not an address of this machine"),
     ("nonexistent.invalid", "--host 'nonexistent.invalid' does not resolve"),
@@ -68,3 +76,80 @@ def test_cluster_up_on_an_address_not_of_this_machine_says_so_not_port_in_use(
     assert done.returncode == 1
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "in use" not in lines[0], lines
+
+
+def _haproxy(tmp_path: Path, node_port: int) -> tuple[HaproxyProcess, int]:
+    """A real HAProxy (a config `render` wrote) in front of one node; returns once it answers."""
+    port, grpc_port = free_ports(2)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config, sock = tmp_path / "haproxy.cfg", tmp_path / "haproxy.sock"
+    config.write_text(render(ProxySettings(http_port=port, grpc_port=grpc_port,
+                                           stats_socket=str(sock)),
+                             [Node("node", "127.0.0.1", node_port, node_port)]))
+    process = HaproxyProcess(config, tmp_path / "haproxy.log")
+    process.start()
+    assert RuntimeApi(sock).wait_ready(15), (tmp_path / "haproxy.log").read_text()
+    return process, port
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+@needs_haproxy
+def test_a_stop_right_after_the_proxy_came_up_is_not_lost(tmp_path: Path) -> None:
+    """Ctrl-C on `cluster up` just after it started: HAProxy's master dropped the soft stop
+    while it re-executed itself, and the stop waited out the whole grace (30 s) before a
+    hard kill. Each of these stops must end the proxy well within its grace."""
+    (absent,) = free_ports(1)
+    for attempt in range(6):
+        process, _ = _haproxy(tmp_path / str(attempt), absent)
+        started = time.monotonic()
+        process.stop(grace_s=20)
+        assert time.monotonic() - started < 5, f"stop {attempt} waited out its grace"
+
+
+@needs_haproxy
+def test_the_soft_stop_sent_again_still_lets_a_request_in_flight_finish(
+        tmp_path: Path) -> None:
+    """The stop is sent until the proxy ends: a request the node is still answering must
+    get its answer, not be cut by a repeated signal."""
+    answered = threading.Event()
+    with socket.socket() as node:
+        node.bind(("127.0.0.1", 0))
+        node.listen(8)
+
+        def slow_node() -> None:
+            while True:
+                connection, _ = node.accept()
+                with connection:
+                    request = connection.recv(65536)
+                    if b"/v2/health/ready" not in request:  # the proxy's probe: answered now
+                        answered.wait(10)  # the model's request: once the stop was sent
+                    connection.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
+                                       b"connection: close\r\n\r\nok")
+                    if b"/v2/health/ready" not in request:
+                        return
+
+        threading.Thread(target=slow_node, daemon=True).start()
+        process, port = _haproxy(tmp_path, node.getsockname()[1])
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        client.request("GET", "/v2/models/m/ready")
+        sent = time.monotonic()
+        stopper = threading.Thread(target=process.stop, kwargs={"grace_s": 20})
+        stopper.start()
+        # the node answers once the proxy took the stop (its port closed) and the stop was
+        # sent again at least twice since
+        deadline = sent + 15
+        while not (_refused(port) and time.monotonic() - sent > 3 * SOFT_STOP_RESEND_S):
+            assert time.monotonic() < deadline, "the proxy never stopped listening"
+            time.sleep(0.05)
+        answered.set()
+        reply = client.getresponse()
+        assert (reply.status, reply.read()) == (200, b"ok")
+        stopper.join(30)
+        assert not process.alive()

@@ -19,6 +19,7 @@ from pathlib import Path
 from serval.errors import ConfigError
 
 STOP_GRACE_S = 30.0
+SOFT_STOP_RESEND_S = 0.5
 
 
 def haproxy_binary() -> str:
@@ -72,19 +73,29 @@ class HaproxyProcess:
             self.process.send_signal(signal.SIGUSR2)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Stop listening, let open requests finish (up to grace_s), then end."""
+        """Stop listening, let open requests finish (up to grace_s), then end. The soft stop
+        (SIGUSR1) is sent again each SOFT_STOP_RESEND_S until the proxy ends: a master that has
+        just started drops it while it re-executes itself into wait mode (measured: half of
+        the stops sent right after the proxy answered were lost, each then waiting out the
+        whole grace before a hard kill)."""
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGUSR1)  # soft stop
-        try:
-            self.process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.terminate()
+        deadline = time.monotonic() + grace_s
+        while True:
+            self.process.send_signal(signal.SIGUSR1)  # soft stop
+            left = deadline - time.monotonic()
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=max(0.0, min(SOFT_STOP_RESEND_S, left)))
+                return
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                if left <= SOFT_STOP_RESEND_S:
+                    break
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 @dataclass(frozen=True)
