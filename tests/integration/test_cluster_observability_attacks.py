@@ -153,3 +153,16 @@ def test_the_soft_stop_sent_again_still_lets_a_request_in_flight_finish(
         assert (reply.status, reply.read()) == (200, b"ok")
         stopper.join(30)
         assert not process.alive()
+
+
+@pytest.mark.parametrize(("output", "reason"), [
+    ("missing/haproxy.cfg", "No such file or directory"), (".", "Is a directory")])
+def test_proxy_config_to_a_path_it_cannot_write_says_why_in_one_line(
+        tmp_path: Path, output: str, reason: str) -> None:
+    target = tmp_path / output
+    done = subprocess.run(
+        [sys.executable, "-m", "serval", "cluster", "proxy-config", "--node",
+         "n1=10.0.0.1:8000", "-o", str(target)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert lines == [f"serval: cannot write the configuration to {target}: {reason}"], lines

@@ -205,7 +205,10 @@ def proxy_config_command(
     if output is None:
         typer.echo(text, nl=False)
     else:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            fail(f"cannot write the configuration to {output}: {exc.strerror or exc}", 1)
         typer.echo(f"wrote {output}")
 
 
