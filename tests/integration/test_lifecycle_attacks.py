@@ -14,7 +14,7 @@ import pytest
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, infer
+from tests.integration.http_helpers import Reply, call, infer, wait_until_running
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +147,29 @@ def test_clients_over_more_models_than_the_budget_holds(server_factory: Factory,
     for reply in failed:  # the one refusal allowed: every resident model is busy now
         assert reply.status == 503 and "every loaded model is busy" in reply.error, reply.body
     assert max(resident) <= budget, f"{max(resident)} bytes resident; the budget is {budget}"
+
+
+def test_a_poll_reload_that_found_no_room_is_tried_again(server_factory: Factory,
+                                                         tmp_path: Path) -> None:
+    """Control all, a budget for one model, the poll on: a version published while the
+    serving one is busy finds no room (503 'retry shortly'); once it is idle, the poll's next
+    look loads the new version. (It never tried again: version 1 served on and readiness
+    said 503 until some other edit of the folder.)"""
+    repository, staged = tmp_path / "repository", tmp_path / "staged"
+    fixture_models.slow(repository, "slow")
+    fixture_models.slow(staged, "slow")
+    server = server_factory(repository, "--memory-budget", "6MB", "--poll-interval-s", "0.1")
+    big = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [128, WIDTH],
+                                    "data": [0.01] * (128 * WIDTH)}]})
+    busy = [threading.Thread(target=infer, args=(server.url, "slow", big)) for _ in range(16)]
+    for thread in busy:
+        thread.start()
+    wait_until_running(server.url, "slow")
+    (staged / "slow" / "1").rename(repository / "slow" / "2")  # a version appears whole
+    _wait_for("the reload refused for want of room",
+              lambda: "budget is full" in _states(server).get("slow/2", ("", ""))[1])
+    for thread in busy:
+        thread.join()
+    _wait_for("version 2 READY", lambda: _states(server)["slow/2"][0] == "READY")
+    assert orjson.loads(infer(server.url, "slow", X).body)["model_version"] == "2"
+    assert call(server.url, "GET", "/v2/health/ready").status == 200
