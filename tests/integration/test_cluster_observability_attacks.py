@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from serval.cluster.haproxy import Node, ProxySettings, render
+from serval.cluster.local import ClusterSpec, LocalCluster
 from serval.cluster.proxy import SOFT_STOP_RESEND_S, HaproxyProcess, RuntimeApi
 from serval.ports import free_ports
 from tests import fixture_models
@@ -166,3 +167,25 @@ def test_proxy_config_to_a_path_it_cannot_write_says_why_in_one_line(
     assert done.returncode == 1
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert lines == [f"serval: cannot write the configuration to {target}: {reason}"], lines
+
+
+@needs_haproxy
+def test_a_stopped_cluster_leaves_no_process_port_or_socket_file(tmp_path: Path) -> None:
+    repository = tmp_path / "models"
+    fixture_models.linear(repository)
+    http_port, grpc_port = free_ports(2)
+    cluster = LocalCluster(ClusterSpec(repository, nodes=1, http_port=http_port,
+                                       grpc_port=grpc_port, run_dir=tmp_path / "run"))
+    cluster.start()
+    try:
+        assert infer(f"127.0.0.1:{http_port}", "linear", X).status == 200
+        pids = [cluster.proxy.pid, *(node.pid for node in cluster.nodes)]
+    finally:
+        cluster.stop()
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert _refused(http_port) and _refused(grpc_port)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()
+                  if not p.name.endswith((".log", ".cfg"))) == []

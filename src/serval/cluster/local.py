@@ -149,6 +149,8 @@ class LocalCluster:
         for node in self.nodes:
             self._reap(node)
         (self.run_dir / "state.json").unlink(missing_ok=True)
+        if not self.proxy.alive():  # HAProxy leaves its runtime API's socket file behind
+            (self.run_dir / "haproxy.sock").unlink(missing_ok=True)
 
     def watch(self) -> list[str]:
         """One supervision pass: restart nodes that died unasked (with a backoff); returns
