@@ -4,12 +4,16 @@ went) and each node's `/status` (resident models, cache hit rate)."""
 from __future__ import annotations
 
 import http.client
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from serval.cluster.proxy import RuntimeApi, ServerStat
+
+NODE_QUERIES = 16  # nodes asked for their /status at once
+NODE_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -33,12 +37,14 @@ def cluster_status(api: RuntimeApi, pids: dict[str, int | None] | None = None,
     by_node: dict[str, list[ServerStat]] = {}
     for stat in servers:
         by_node.setdefault(stat.name, []).append(stat)
+    homes = [stat for stat in servers if stat.backend == "http_home" and stat.address
+             and not stat.address.startswith("0.0.0.0")]
+    # every node at once: one that does not answer costs its timeout once, not once per node
+    with ThreadPoolExecutor(max_workers=max(1, min(NODE_QUERIES, len(homes)))) as pool:
+        answers = list(pool.map(lambda stat: _node_status(stat.address, token), homes))
     rows = []
-    for stat in servers:
-        if stat.backend != "http_home" or not stat.address or stat.address.startswith("0.0.0.0"):
-            continue
+    for stat, node in zip(homes, answers, strict=True):
         mine = by_node[stat.name]
-        node = _node_status(stat.address, token)
         rows.append(NodeStatus(
             stat.name, stat.address, (pids or {}).get(stat.name), stat.status,
             sum(s.in_flight for s in mine), sum(s.requests for s in mine),
@@ -50,7 +56,7 @@ def cluster_status(api: RuntimeApi, pids: dict[str, int | None] | None = None,
 def _node_status(address: str, token: str | None) -> tuple[int | None, float | None]:
     host, _, port = address.rpartition(":")
     try:
-        connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=3)
+        connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=NODE_TIMEOUT_S)
         headers = {"authorization": f"Bearer {token}"} if token else {}
         connection.request("GET", "/status", headers=headers)
         response = connection.getresponse()
@@ -58,9 +64,9 @@ def _node_status(address: str, token: str | None) -> tuple[int | None, float | N
         connection.close()
         if response.status != 200:
             return None, None
-        summary: dict[str, Any] = orjson.loads(body)
-    except (OSError, ValueError):
+        summary: Any = orjson.loads(body)
+        resident = int(summary.get("models", {}).get("by_state", {}).get("READY", 0))
+        hits, misses = int(summary.get("cache_hits", 0)), int(summary.get("cache_misses", 0))
+    except (OSError, ValueError, TypeError, AttributeError):  # not a Serval node's summary
         return None, None
-    resident = int(summary.get("models", {}).get("by_state", {}).get("READY", 0))
-    hits, misses = int(summary.get("cache_hits", 0)), int(summary.get("cache_misses", 0))
     return resident, (hits / (hits + misses) if hits + misses else None)
