@@ -12,6 +12,10 @@ made together (`asyncio.gather` of `async_exec()`s, or threads calling `exec()`)
 together, as in Triton, and may share a batch of the model they call. (CANCEL, id) from the
 child stops a streamed call; its last reply is then the error CANCELLED_TEXT.
 
+A call's request carries the models waiting on it (CHAIN_PARAMETER, hidden from the called
+model's parameters()): a call to one of them is refused, since it would wait behind the very
+batch that waits on it (A calls B calls A: both wedged forever).
+
 Replies come back in any order and go to their callers by id. A child that reads its pipe on
 a thread of its own (a decoupled model's) hands them over (`deliver`); otherwise one waiting
 caller at a time reads the pipe (as does the child's main loop between batches: `receive`),
@@ -22,9 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -40,6 +45,7 @@ Head = tuple[int, str, str | None, list[str] | None, dict[str, Any], int, bool]
 Reply = tuple[int, str | None, bool]  # call id, error (None: outputs follow), final
 Answer = TensorDict | str  # the outputs, or why there are none
 STOPPED = "the server stopped serving this model"
+CHAIN_PARAMETER = "serval_bls_chain"  # a call's request: the models waiting on it (JSON list)
 CANCELLED_TEXT = "the request was cancelled"
 
 
@@ -183,14 +189,22 @@ class ParentCalls:
 
     def __init__(self, conn: Connection, caller: ModelCaller | None, label: str,
                  abandon: threading.Event, send_lock: threading.Lock,
-                 spawn: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 spawn: Callable[[Callable[[], None]], None] | None = None,
+                 own: str = "") -> None:
         self._conn, self._caller, self._label = conn, caller, label
+        self._own = own
+        self.waiting: frozenset[str] = frozenset()  # the models waiting on the batch running
         self._abandon, self._send_lock = abandon, send_lock
         self._spawn = spawn or spawn_thread
         self._streams: dict[int, threading.Event] = {}  # running streamed calls' cancels
         self._running = 0  # calls not yet answered in full
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+
+    def running(self, requests: Sequence[InferRequest]) -> None:
+        """The batch going down the pipe now: its calls are refused to the models waiting
+        on any of its requests."""
+        self.waiting = waiting_on(requests)
 
     def wait_idle(self) -> None:
         """Until every call has its last reply written: a batch's calls are all answered
@@ -214,6 +228,7 @@ class ParentCalls:
         head: Head = message[1]
         inputs = recv_tensors(self._conn)
         cancelled = threading.Event()
+        waiting = self.waiting
         with self._lock:
             self._running += 1
             if head[6]:
@@ -221,10 +236,12 @@ class ParentCalls:
 
         def answer() -> None:
             try:
-                if head[6]:
-                    self._stream(head, inputs, cancelled)
+                if head[1] in waiting:
+                    self._reply(head[0], _cycle(head[1], self._own), True)
+                elif head[6]:
+                    self._stream(head, inputs, cancelled, waiting)
                 else:
-                    self._reply(head[0], self._call(head, inputs), True)
+                    self._reply(head[0], self._call(head, inputs, waiting), True)
             finally:
                 with self._idle:
                     self._streams.pop(head[0], None)
@@ -234,30 +251,31 @@ class ParentCalls:
         self._spawn(answer)
         return True
 
-    def _call(self, head: Head, inputs: TensorDict) -> Answer:
+    def _call(self, head: Head, inputs: TensorDict, waiting: frozenset[str]) -> Answer:
         if self._caller is None:
             return f"{self._label}: business logic scripting is not available here"
         try:
-            return self._caller(head[1], head[2], _request(head, inputs), _timeout_s(head),
-                                self._abandon)
+            return self._caller(head[1], head[2], self._request(head, inputs, waiting),
+                                _timeout_s(head), self._abandon)
         except Exception as exc:  # the model gets the reason, the server goes on
             return _reason(exc)
 
-    def _stream(self, head: Head, inputs: TensorDict, cancelled: threading.Event) -> None:
-        for answer, final in self._answers(head, inputs, cancelled):
+    def _stream(self, head: Head, inputs: TensorDict, cancelled: threading.Event,
+                waiting: frozenset[str]) -> None:
+        for answer, final in self._answers(head, inputs, cancelled, waiting):
             if not self._reply(head[0], answer, final) or final:
                 return
         self._reply(head[0], CANCELLED_TEXT if cancelled.is_set() else STOPPED, True)
 
-    def _answers(self, head: Head, inputs: TensorDict, cancelled: threading.Event
-                 ) -> Iterator[tuple[Answer, bool]]:
+    def _answers(self, head: Head, inputs: TensorDict, cancelled: threading.Event,
+                 waiting: frozenset[str]) -> Iterator[tuple[Answer, bool]]:
         if self._caller is None:
             yield f"{self._label}: business logic scripting is not available here", True
             return
         try:
             for outputs, final in self._caller.stream(
-                    head[1], head[2], _request(head, inputs), _timeout_s(head), self._abandon,
-                    cancelled):
+                    head[1], head[2], self._request(head, inputs, waiting), _timeout_s(head),
+                    self._abandon, cancelled):
                 yield (_reason(outputs) if isinstance(outputs, Exception) else outputs), final
         except Exception as exc:
             yield _reason(exc), True
@@ -276,11 +294,34 @@ class ParentCalls:
         return True
 
 
-def _request(head: Head, inputs: TensorDict) -> InferRequest:
-    outputs, parameters = head[3], head[4]
-    return InferRequest(inputs, parameters=dict(parameters),
-                        outputs=None if outputs is None
-                        else [RequestedOutput(name) for name in outputs])
+    def _request(self, head: Head, inputs: TensorDict, waiting: frozenset[str]
+                 ) -> InferRequest:
+        outputs, parameters = head[3], dict(head[4])
+        if self._own:  # the called model's own calls are refused to these
+            parameters[CHAIN_PARAMETER] = json.dumps(sorted(waiting | {self._own}))
+        return InferRequest(inputs, parameters=parameters,
+                            outputs=None if outputs is None
+                            else [RequestedOutput(name) for name in outputs])
+
+
+def waiting_on(requests: Sequence[InferRequest]) -> frozenset[str]:
+    """The models waiting on these requests (BLS calls' CHAIN_PARAMETER; none from a
+    client)."""
+    names: set[str] = set()
+    for request in requests:
+        value = request.parameters.get(CHAIN_PARAMETER)
+        try:
+            chain = json.loads(value) if isinstance(value, str) else None
+        except ValueError:
+            continue
+        if isinstance(chain, list):
+            names.update(name for name in chain if isinstance(name, str))
+    return frozenset(names)
+
+
+def _cycle(model: str, own: str) -> str:
+    return (f"model '{model}' is waiting on this call already (it called '{own}', directly or "
+            "through other models): calling it back would wait forever")
 
 
 def _timeout_s(head: Head) -> float | None:

@@ -31,6 +31,7 @@ from serval.backends.base import (
     RequestModel,
 )
 from serval.backends.pipe_tensors import read_arrays, recv_tensors, send_tensors
+from serval.backends.worker_guard import end_group, guard_worker, kill_group, stop_in_background
 from serval.errors import (
     BackendError,
     ConfigError,
@@ -71,6 +72,7 @@ class IsolatedModel:
                  = None, caller: ModelCaller | None = None) -> None:
         self._inner, self._spec = inner, spec
         self._child_target = child_target or child_main
+        self.name = spec.name
         self.label = f"model '{spec.name}' version {spec.version}"
         self.caller = caller
         self.abandon = threading.Event()  # set on unload: BLS calls stop waiting
@@ -106,14 +108,16 @@ class IsolatedModel:
     def run_requests(self, requests: Sequence[InferRequest]) -> list[TensorDict | ServalError]:
         """The batch as its requests, for a child engine that takes requests."""
         _, detail, results = self._exchange(
-            lambda conn: send_requests(conn, requests), recv_results)
+            lambda conn: send_requests(conn, requests), recv_results, requests)
         if results is None:
             raise RuntimeError(f"{self.label} raised in its worker process: {detail}")
         return results
 
     def _exchange(self, send: Callable[[Connection], None],
-                  receive: Callable[[Connection, Any], T]) -> tuple[str, Any, T | None]:
-        """One batch on the pipe: (status, detail, what `receive` read when status is ok)."""
+                  receive: Callable[[Connection, Any], T],
+                  requests: Sequence[InferRequest] = ()) -> tuple[str, Any, T | None]:
+        """One batch on the pipe: (status, detail, what `receive` read when status is ok).
+        `requests`: the batch's, whose BLS callers its calls may not call back."""
         with self._lock:
             if self._closed:
                 raise ModelNotReady(f"{self.label} is unloaded")
@@ -121,6 +125,7 @@ class IsolatedModel:
                 self._restart_locked()
             assert self._conn is not None and self._calls is not None
             calls = self._calls
+            calls.running(requests)
             try:
                 with self._send_lock:
                     send(self._conn)
@@ -135,6 +140,7 @@ class IsolatedModel:
         return status, detail, received
 
     def unload(self) -> None:
+        """Stop the worker; waited for (and killed past STOP_TIMEOUT_S) in the background."""
         self.abandon.set()  # a batch waiting on a BLS call ends, and frees the pipe
         with self._lock:
             self._closed = True
@@ -171,16 +177,22 @@ class IsolatedModel:
         try:
             reply = _await_reply(parent_conn, process, LOAD_TIMEOUT_S)
         except (EOFError, OSError, TimeoutError) as exc:
-            process.kill()
+            process.join(timeout=0.5)  # its exit code, when it has exited on its own
+            if process.is_alive():
+                process.kill()
+            kill_group(process)
             process.join()
+            parent_conn.close()
             raise ConfigError(f"{self.label}: its worker process failed while loading "
                               f"({_exit_reason(process.exitcode)})") from exc
         if reply[0] != "ready":
             process.join()
+            kill_group(process)
+            parent_conn.close()
             raise ConfigError(str(reply[1]))
         self._process, self._conn = process, parent_conn
         self._calls = bls.ParentCalls(parent_conn, self.caller, self.label, self.abandon,
-                                      self._send_lock)
+                                      self._send_lock, own=self._spec.name)
         log.info("isolated model worker started", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid})
         return reply[1], int(reply[2]), bool(reply[3])
@@ -191,6 +203,9 @@ class IsolatedModel:
         assert process is not None
         process.join(timeout=STOP_TIMEOUT_S)
         reason = _exit_reason(process.exitcode)
+        kill_group(process)  # what the model started goes with it
+        if self._conn is not None:
+            self._conn.close()
         self._process, self._conn = None, None
         log.error("isolated model worker died; restarting it", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid,
@@ -224,13 +239,7 @@ class IsolatedModel:
         if conn is not None:
             with contextlib.suppress(OSError):  # no lock: a reply stuck on a full pipe
                 conn.send((_STOP, None))
-        if process is not None:
-            process.join(timeout=STOP_TIMEOUT_S)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        if conn is not None:
-            conn.close()
+        stop_in_background(process, conn, STOP_TIMEOUT_S, self._spec.name)
 
 
 class IsolatedRequestModel:
@@ -337,12 +346,14 @@ def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> Non
         serve_child(conn, model)
     finally:
         model.unload()
+        end_group()
 
 
 def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
                   ) -> LoadedModel | None:
     """In the worker process: load the model and tell the parent (None: it failed, said)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
+    guard_worker()  # its own process group; gone when the parent is
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         model = backend.load(spec)

@@ -43,6 +43,7 @@ from serval.backends.isolated import (
     serve_child,
 )
 from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.backends.worker_guard import end_group
 from serval.errors import BackendError, EngineRejectedInput, ServalError, ServerUnavailable
 from serval.protocol.types import InferRequest, TensorDict
 
@@ -114,7 +115,8 @@ class StreamPipe:
         self._closed = False
         self._calls = bls.ParentCalls(  # answered on threads: responses go on meanwhile
             conn, model.caller if model else None, model.label if model else "this model",
-            model.abandon if model else threading.Event(), self._send_lock)
+            model.abandon if model else threading.Event(), self._send_lock,
+            own=model.name if model else "")
         threading.Thread(target=self._read, daemon=True, name="serval-stream-reader").start()
         self._writer = threading.Thread(target=self._write_control, daemon=True,
                                         name="serval-stream-control")
@@ -131,6 +133,7 @@ class StreamPipe:
             stream_ids = [next(self._ids) for _ in requests]
             self._batches[batch_id] = future
             self._streams.update(zip(stream_ids, sinks, strict=True))
+        self._calls.running(requests)  # its calls' callers (model threads' later ones too)
         with self._send_lock:
             self.conn.send((_STREAMS, batch_id, stream_ids, [s.window for s in sinks]))
             send_requests(self.conn, requests)
@@ -271,6 +274,7 @@ def stream_child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec)
             serve_child(conn, model)
     finally:
         model.unload()
+        end_group()
 
 
 class ChildStreams:

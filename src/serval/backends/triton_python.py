@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from serval.backends import bls
 from serval.backends import triton_utils as pb_utils
 from serval.backends.base import ModelMetadata, ModelResponse, ModelVersionSpec, StreamRequest
+from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.triton_config import (
     initialize_args,
     metadata_from_config,
@@ -39,6 +41,7 @@ UTILS_MODULE = "triton_python_backend_utils"
 RESERVED_PARAMETERS = frozenset({
     "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
     "binary_data_output", "binary_data", "binary_data_size", "headers",
+    bls.CHAIN_PARAMETER,
 })
 
 
@@ -73,8 +76,8 @@ def load_triton_model(model_class: type[Any], spec: ModelVersionSpec,
         initialize = getattr(instance, "initialize", None)
         if callable(initialize):
             initialize(initialize_args(spec, model_config))
-    except Exception as exc:
-        raise ConfigError(f"{where}: initialize() failed: {exc!r}") from exc
+    except (Exception, *MODEL_EXITS) as exc:  # sys.exit() too: a load error, said as such
+        raise ConfigError(f"{where}: initialize() failed: {model_exception(exc)}") from exc
     return TritonModel(instance, metadata, spec, size_bytes)
 
 

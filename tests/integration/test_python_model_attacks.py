@@ -1,0 +1,196 @@
+"""Careless Triton Python models against a real server: what their code does wrong (a hanging
+finalize(), a subprocess never waited for, a cycle of BLS calls, sys.exit() in initialize())
+stays with them; the server, its other models and the host go on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import Reply, call, infer
+from tests.triton_python_models import write
+
+pytestmark = pytest.mark.integration
+Factory = Callable[..., RunningServer]
+
+CONFIG = """\
+backend: python
+max_batch_size: 8
+inputs: [{name: INPUT0, datatype: FP32, dims: [-1]}]
+outputs: [{name: OUTPUT0, datatype: FP32, dims: [-1]}]
+"""
+
+# initialize() writes the worker's pid (and its subprocess's) beside the version folder
+HEAD = '''
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = Path(args["model_repository"])
+        (self.folder / "worker.pid").write_text(str(os.getpid()))
+        self.setup()
+
+    def setup(self):
+        pass
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", self.run(x))]))
+        return responses
+
+    def run(self, x):
+        return x.as_numpy()
+'''
+
+STUCK_FINALIZE = HEAD + '''
+    def finalize(self):
+        (self.folder / "finalizing").write_text("yes")
+        time.sleep(100000)
+'''
+
+SPAWNS = HEAD + '''
+    def setup(self):
+        self.child = subprocess.Popen(["sleep", "100000"])
+        (self.folder / "child.pid").write_text(str(self.child.pid))
+'''
+
+EXITS = HEAD + '''
+    def setup(self):
+        sys.exit(2)
+'''
+
+# calls OTHER with its input, and answers its output (or the call's error, as its own)
+CALLS = HEAD + '''
+    def run(self, x):
+        reply = pb_utils.InferenceRequest(model_name="{other}", inputs=[x],
+                                          requested_output_names=["OUTPUT0"]).exec()
+        if reply.has_error():
+            raise pb_utils.TritonModelException(reply.error().message())
+        return pb_utils.get_output_tensor_by_name(reply, "OUTPUT0").as_numpy()
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            try:
+                outputs = [pb_utils.Tensor("OUTPUT0", self.run(x))]
+                responses.append(pb_utils.InferenceResponse(outputs))
+            except pb_utils.TritonModelException as exc:
+                error = pb_utils.TritonError(str(exc))
+                responses.append(pb_utils.InferenceResponse([], error=error))
+        return responses
+'''
+
+X = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
+ADD_SUB = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                      for name in ("INPUT0", "INPUT1")]}
+
+
+def _serve(server_factory: Factory, root: Path) -> RunningServer:
+    fixture_models.add_sub(root)
+    return server_factory(root, "--allow-python-models", "--model-control", "explicit",
+                          "--load-model", "add_sub")
+
+
+def _load(server: RunningServer, model: str) -> Reply:
+    return call(server.url, "POST", f"/v2/repository/models/{model}/load")
+
+
+def _unload(server: RunningServer, model: str) -> Reply:
+    return call(server.url, "POST", f"/v2/repository/models/{model}/unload")
+
+
+def _running(pid: int) -> bool:
+    """Whether the process runs (a zombie left for init to reap has stopped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_finalize_that_hangs_does_not_stall_the_server(server_factory: Factory,
+                                                        tmp_path: Path) -> None:
+    folder = write(tmp_path, "stuck", STUCK_FINALIZE, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "stuck").status == 200
+    worker = int((folder / "worker.pid").read_text())
+    unloading = threading.Thread(target=_unload, args=(server, "stuck"))
+    unloading.start()
+    _wait_for((folder / "finalizing").exists, "finalize() did not run on unload")
+    assert infer(server.url, "add_sub", ADD_SUB).status == 200
+    assert _running(worker), "another model was answered only once the worker was killed"
+    unloading.join(timeout=30)
+    _wait_for(lambda: not _running(worker), "the hanging worker was never killed")
+
+
+def test_what_a_model_spawns_goes_with_it_at_unload(server_factory: Factory,
+                                                     tmp_path: Path) -> None:
+    folder = write(tmp_path, "spawns", SPAWNS, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "spawns").status == 200
+    child = int((folder / "child.pid").read_text())
+    assert _running(child)
+    assert _unload(server, "spawns").status == 200
+    _wait_for(lambda: not _running(child), "the model's subprocess outlived its unload")
+
+
+def test_a_worker_does_not_outlive_a_killed_server(server_factory: Factory,
+                                                   tmp_path: Path) -> None:
+    folder = write(tmp_path, "spawns", SPAWNS, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "spawns").status == 200
+    worker = int((folder / "worker.pid").read_text())
+    child = int((folder / "child.pid").read_text())
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait(timeout=30)
+    _wait_for(lambda: not _running(worker), "the worker outlived its server")
+    _wait_for(lambda: not _running(child), "the model's subprocess outlived its server")
+
+
+def test_a_cycle_of_bls_calls_is_refused_not_wedged(server_factory: Factory,
+                                                    tmp_path: Path) -> None:
+    write(tmp_path, "ping", CALLS.replace("{other}", "pong"), CONFIG)
+    write(tmp_path, "pong", CALLS.replace("{other}", "ping"), CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "ping").status == 200 and _load(server, "pong").status == 200
+    for model, other in (("ping", "pong"), ("pong", "ping"), ("ping", "pong")):
+        reply = infer(server.url, model, X)
+        assert reply.status == 400, reply.body
+        assert (f"model '{model}' is waiting on this call already (it called '{other}'"
+                in reply.error)
+    assert _unload(server, "ping").status == 200
+
+
+def test_sys_exit_in_initialize_is_a_load_error_naming_it(server_factory: Factory,
+                                                          tmp_path: Path) -> None:
+    write(tmp_path, "exits", EXITS, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    reply = _load(server, "exits")
+    assert reply.status == 400
+    assert "initialize() failed: SystemExit(2)" in reply.error, reply.error
+    assert infer(server.url, "add_sub", ADD_SUB).status == 200
