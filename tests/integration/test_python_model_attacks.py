@@ -98,6 +98,14 @@ CALLS = HEAD + '''
         return responses
 '''
 
+# execute() waits until the test writes the file `release` beside its version folder
+WAITS = HEAD + """
+    def run(self, x):
+        while not (self.folder / "release").exists():
+            time.sleep(0.05)
+        return x.as_numpy()
+"""
+
 X = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
 ADD_SUB = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
                       for name in ("INPUT0", "INPUT1")]}
@@ -194,3 +202,21 @@ def test_sys_exit_in_initialize_is_a_load_error_naming_it(server_factory: Factor
     assert reply.status == 400
     assert "initialize() failed: SystemExit(2)" in reply.error, reply.error
     assert infer(server.url, "add_sub", ADD_SUB).status == 200
+
+
+def test_a_bls_call_gives_up_at_its_timeout_when_the_called_model_hangs(
+        server_factory: Factory, tmp_path: Path) -> None:
+    folder = write(tmp_path, "waits", WAITS, CONFIG)
+    write(tmp_path, "caller", CALLS.replace("{other}", "waits").replace(
+        'requested_output_names=["OUTPUT0"])', 'requested_output_names=["OUTPUT0"], '
+        "timeout=300000)"), CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "waits").status == 200 and _load(server, "caller").status == 200
+    try:
+        reply = infer(server.url, "caller", X)
+        assert reply.status == 400, reply.body
+        assert "model 'waits' did not answer within the call's timeout (300000 us)" \
+            in reply.error
+    finally:
+        (folder / "release").write_text("go")
+    assert infer(server.url, "caller", X).status == 200  # neither model is left wedged

@@ -1,7 +1,8 @@
 """A model's engine threads calling other models of the server (Triton's BLS): each call goes
 onto the event loop's data plane (backends.base.ModelCaller) and the thread waits, watching
 whether its model is unloading. A call to the calling model itself is refused: its instances
-may all be busy waiting on the call (a deadlock)."""
+may all be busy waiting on the call (a deadlock). A call's timeout bounds the wait: past it the
+caller gets DeadlineExceeded even while the called model still runs (it may never end)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import TypeVar
 
 from serval.errors import (
     BackendError,
+    DeadlineExceeded,
     DecoupledUnary,
     InvalidInput,
     ServalError,
@@ -41,9 +43,11 @@ class LoopCaller:
         future = asyncio.run_coroutine_threadsafe(
             self._steps.run(model, version, request, deadline_ns), self._loop)
         try:
-            return _wait(future, (abandon,)).outputs
+            return _wait(future, (abandon,), deadline_ns).outputs
         except _Stopped:
             raise self._unloading() from None
+        except _Expired:
+            raise _late(model, timeout_s) from None
         except DecoupledUnary:
             raise InvalidInput(f"model '{model}' is decoupled (0..n responses per request): "
                                "call it with exec(decoupled=True)") from None
@@ -68,11 +72,13 @@ class LoopCaller:
             while not cancelled.is_set():  # else the stream ends without its final response
                 try:
                     taken = _wait(asyncio.run_coroutine_threadsafe(_take(items), self._loop),
-                                  (abandon, cancelled))
+                                  (abandon, cancelled), deadline_ns)
                 except _Stopped:
                     if abandon.is_set():
                         raise self._unloading() from None
                     return
+                except _Expired:
+                    raise _late(model, timeout_s) from None
                 yield from taken
                 if taken[-1][1]:
                     return
@@ -93,8 +99,19 @@ class _Stopped(Exception):
     """A stop was set while waiting (the future is cancelled)."""
 
 
-def _wait(future: concurrent.futures.Future[T], stops: tuple[threading.Event, ...]) -> T:
-    """The future's result; _Stopped once one of `stops` is set."""
+class _Expired(Exception):
+    """The call's deadline passed while waiting (the future is cancelled)."""
+
+
+def _late(model: str, timeout_s: float | None) -> DeadlineExceeded:
+    return DeadlineExceeded(f"model '{model}' did not answer within the call's timeout "
+                            f"({(timeout_s or 0) * 1e6:.0f} us)")
+
+
+def _wait(future: concurrent.futures.Future[T], stops: tuple[threading.Event, ...],
+          deadline_ns: int | None = None) -> T:
+    """The future's result; _Stopped once one of `stops` is set, _Expired once the
+    deadline (perf_counter_ns) has passed."""
     while True:
         try:
             return future.result(ABANDON_POLL_S)
@@ -102,6 +119,9 @@ def _wait(future: concurrent.futures.Future[T], stops: tuple[threading.Event, ..
             if any(stop.is_set() for stop in stops):
                 future.cancel()
                 raise _Stopped from None
+            if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+                future.cancel()
+                raise _Expired from None
 
 
 async def _take(items: asyncio.Queue[Item]) -> list[Item]:
