@@ -220,6 +220,39 @@ def test_a_node_killed_mid_load_fails_no_request_and_comes_back(cluster: LocalCl
     assert load.errors == [], load.errors[:5]
 
 
+def test_a_node_killed_under_a_hot_models_load_fails_no_request(
+        repository: Path, tmp_path: Path) -> None:
+    """Two nodes share a hot model with bounded load. The killed one has nothing in flight, so
+    it looks the least loaded while the other is over its share: before, every retry went
+    back to it (~1,000 failures in the 2 s before the probes noticed). Its failed connections
+    now take it out of the ring at once."""
+    http_port, grpc_port = free_ports(2)
+    spec = ClusterSpec(repository, nodes=2, http_port=http_port, grpc_port=grpc_port,
+                       proxy=ProxySettings(hot_rate=HOT_RATE), run_dir=tmp_path)
+    pair = LocalCluster(spec)
+    pair.start()
+    try:
+        for victim in pair.nodes:  # one of the two is the model's home on the ring
+            assert victim.process is not None
+            with Load(pair, [MODELS[5]], threads=8) as load:
+                load.wait_for(1500)
+                victim.process.kill()
+                victim.process.wait()
+                load.wait_for(load.done + 3000)
+                deadline = time.monotonic() + 60
+                while not victim.alive() and time.monotonic() < deadline:
+                    pair.watch()
+                    time.sleep(0.05)
+            assert load.errors == [], (len(load.errors), load.errors[:3])
+            deadline = time.monotonic() + 60  # back in every backend before the next kill
+            while time.monotonic() < deadline and not all(
+                    stat.status.startswith("UP") for stat in pair.api.servers()
+                    if stat.name == victim.node.name):
+                time.sleep(0.1)
+    finally:
+        pair.stop()
+
+
 def test_a_node_added_takes_its_share_of_models(cluster: LocalCluster) -> None:
     before = {model: _home(cluster, model) for model in MODELS}
     added = cluster.add_node()

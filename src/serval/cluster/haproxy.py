@@ -10,8 +10,10 @@ Routing (docs/design.md, "Scaling out"):
   whose recent rate passes `hot_rate` (a stick table counts requests per model) goes to
   `spread`, the same ring with bounded load (`hash-balance-factor`), so a hot model starts on its
   home node and spills to the next nodes on the ring, which load it lazily.
-- Active health checks on `/v2/health/ready`; an agent check answered by the node (`drain`
-  while it drains, a weight from its free queue and memory in `spread`).
+- Active health checks on `/v2/health/ready` in every backend, and 3 failed connections in a
+  row take a node out at once (a killed node leaves the ring before a probe notices); an agent
+  check answered by the node (`drain` while it drains, a weight from its free queue and memory
+  in `spread`).
 - Connection failures, empty responses and 503s are retried on another node; repository
   control and streams are never retried after they were sent.
 - The proxy's own 500/502/503/504 answers are KServe errors (`{"error": ...}`), not HTML.
@@ -321,44 +323,42 @@ def _backend(s: ProxySettings, nodes: list[Node] | Discovery, transport: str, ki
              "    hash-type consistent sdbm avalanche"]
     if kind == "spread" and s.balance_factor:
         lines.append(f"    hash-balance-factor {s.balance_factor}")
-    if transport == "http":  # (in spread, for the template's probes only)
-        lines += ["    option httpchk GET /v2/health/ready", "    http-check expect status 200"]
+    # Every backend probes each node's readiness on its HTTP port, and takes a node out of its
+    # ring after 3 failed connections in a row. A killed node has nothing in flight, so the
+    # bounded-load ring of `spread` would otherwise keep choosing it (and retrying on it) as the
+    # least loaded until a probe noticed; a backend that only tracked another's probe saw the
+    # same. Costs one probe per node per backend per interval.
+    lines += ["    option httpchk GET /v2/health/ready", "    http-check expect status 200"]
     # the node's agent: `drain` when it drains; in spread, a weight from its free capacity
     agent_send = "weight" if kind == "spread" else "state"
-    probes = transport == "http" and kind == "home"  # one health probe per node
-    check = f"check inter {s.check_interval_ms} fall 2 rise 2 " if probes else ""
-    lines.append(f"    default-server {check}maxconn {s.node_maxconn} weight {RING_WEIGHT} "
+    lines.append(f"    default-server check inter {s.check_interval_ms} fall 2 rise 2 "
+                 "observe layer4 error-limit 3 on-error mark-down "
+                 f"maxconn {s.node_maxconn} weight {RING_WEIGHT} "
                  f"agent-inter {s.check_interval_ms} agent-send \"{agent_send}\\n\""
                  + (" proto h2" if transport == "grpc" else ""))
+
+    def probe(http_port: int) -> str:  # gRPC servers probe the node's HTTP port, in HTTP/1.1
+        return f" port {http_port} check-proto h1" if transport == "grpc" else ""
+
     if isinstance(nodes, Discovery):
         port = nodes.http_port if transport == "http" else nodes.grpc_port
         resolve = " resolvers dns init-addr none resolve-prefer ipv4" + (
             f" agent-check agent-port {nodes.agent_port}" if nodes.agent_port else "")
         for index in range(nodes.slots if nodes.statefulset else 0):
             pod = f"{nodes.statefulset}-{index}"
-            track = "" if probes else f" track http_home/{pod}"
             lines.append(f"    server {pod} {pod}.{nodes.name}:{port} id {index + 1}"
-                         f"{resolve}{track}")
+                         f"{resolve}{probe(nodes.http_port)}")
         if nodes.statefulset is None:
-            check = ""
-            if not probes:  # template slots cannot track: each probes the node's HTTP port
-                if transport == "grpc":
-                    lines += ["    option httpchk GET /v2/health/ready",
-                              "    http-check expect status 200"]
-                check = (f" check inter {s.check_interval_ms} fall 2 rise 2 "
-                         f"port {nodes.http_port} check-proto h1")
             lines.append(f"    server-template node {nodes.slots} {nodes.name}:{port}"
-                         f"{resolve}{check}")
+                         f"{resolve}{probe(nodes.http_port)}")
         return "\n".join(lines) + "\n"
     for node in nodes:
         port = node.http_port if transport == "http" else node.grpc_port
         if port is None:
             continue
         agent = f" agent-check agent-port {node.agent_port}" if node.agent_port else ""
-        # the others mirror the home HTTP probe of the same node
-        track = "" if probes else f" track http_home/{node.name}"
         lines.append(f"    server {node.name} {_bind(node.host, port)} id {node.id}"
-                     f"{agent}{track}")
+                     f"{agent}{probe(node.http_port)}")
     return "\n".join(lines) + "\n"
 
 

@@ -58,9 +58,11 @@ def test_both_backends_share_one_ring_and_only_spread_is_bounded() -> None:
                        "server c [::1]:9000 id 7"]
     assert "hash-balance-factor 150" in spread
     assert not any("hash-balance-factor" in line for line in home)
-    # one health probe per node (home); every other backend tracks it
-    assert all("track http_home/" in line for line in spread if line.startswith("server "))
-    assert any(line.startswith("default-server check") for line in home)
+    # every backend probes each node, and 3 failed connections in a row take it out at once
+    for section in (home, spread):
+        assert any(line.startswith("default-server check") and
+                   "observe layer4 error-limit 3 on-error mark-down" in line for line in section)
+    assert not any("track " in line for line in text.splitlines())
 
 
 def test_grpc_backends_skip_nodes_without_a_grpc_port_and_speak_h2() -> None:
@@ -177,7 +179,7 @@ def test_statefulset_pods_get_fixed_ring_ids_every_proxy_shares() -> None:
         ["serval-node-2", "serval-node-2.svc.ns.svc.cluster.local:8000", "id"]]
     assert [line.split(" id ")[1].split()[0] for line in home] == ["1", "2", "3"]
     grpc = [line for line in _section(text, "backend grpc_spread") if line.startswith("server ")]
-    assert all("track http_home/serval-node-" in line for line in grpc)
+    assert all(line.endswith(" port 8000 check-proto h1") for line in grpc)  # its HTTP probe
 
 
 @pytest.mark.parametrize(("settings", "message"), [
