@@ -172,6 +172,20 @@ def test_at_low_load_each_models_requests_stay_on_one_node(cluster: LocalCluster
     assert len(set(homes.values())) > 1, homes  # the ring spreads models over nodes
 
 
+def test_a_percent_encoded_name_routes_as_the_name_itself(cluster: LocalCluster) -> None:
+    """`/v2/models/m%34` is `m4` to the nodes, so it goes to m4's node: spelling a name
+    differently must not make a model load on more nodes."""
+    for model in MODELS:
+        spelled = model[0] + "".join(f"%{ord(c):02X}" for c in model[1:])
+        connection = http.client.HTTPConnection("127.0.0.1", cluster.spec.http_port, timeout=10)
+        connection.request("GET", f"/v2/models/{spelled}")
+        response = connection.getresponse()
+        response.read()
+        connection.close()
+        assert response.status == 200
+        assert response.getheader("serval-node") == _home(cluster, model), model
+
+
 def test_a_grpc_message_larger_than_the_proxys_buffer_is_routed_by_its_model(
         cluster: LocalCluster) -> None:
     """The proxy reads the model's name from the first bytes of the message, so a request whose

@@ -287,8 +287,8 @@ def _http_frontend(s: ProxySettings) -> str:
     return f"""frontend http
     bind {_bind(s.host, s.http_port)}
     option forwardfor
-    http-request set-var(txn.model) path,field(4,/) if {{ path_beg /v2/models/ }}
-    http-request set-var(txn.model) path,field(5,/) if {{ path_beg /v2/repository/models/ }}
+    http-request set-var(txn.model) path,field(4,/),url_dec if {{ path_beg /v2/models/ }}
+    http-request set-var(txn.model) path,field(5,/),url_dec if {{ path_beg /v2/repository/models/ }}
     http-request disable-l7-retry if {{ path_beg /v2/repository/ }}
 {_route(s, "http")}"""
 

@@ -28,8 +28,9 @@ def _section(text: str, header: str) -> list[str]:
 
 def test_rest_routes_on_the_models_path_segment_and_never_retries_control() -> None:
     http = _section(render(ProxySettings(), NODES), "frontend http")
-    assert "http-request set-var(txn.model) path,field(4,/) if { path_beg /v2/models/ }" in http
-    assert ("http-request set-var(txn.model) path,field(5,/) if "
+    assert ("http-request set-var(txn.model) path,field(4,/),url_dec if "
+            "{ path_beg /v2/models/ }") in http
+    assert ("http-request set-var(txn.model) path,field(5,/),url_dec if "
             "{ path_beg /v2/repository/models/ }") in http
     assert "http-request disable-l7-retry if { path_beg /v2/repository/ }" in http
     assert http[-1] == "default_backend http_home"
