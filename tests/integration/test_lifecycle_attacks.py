@@ -173,3 +173,21 @@ def test_a_poll_reload_that_found_no_room_is_tried_again(server_factory: Factory
     _wait_for("version 2 READY", lambda: _states(server)["slow/2"][0] == "READY")
     assert orjson.loads(infer(server.url, "slow", X).body)["model_version"] == "2"
     assert call(server.url, "GET", "/v2/health/ready").status == 200
+
+
+def test_an_edit_right_after_start_is_seen_by_the_poll(server_factory: Factory,
+                                                       tmp_path: Path) -> None:
+    """A config edited as soon as the server answers, before the poll's first look has read
+    the repository (here 3,000 other model folders make that look take a while), reloads the
+    model. (The first look took the edited folder as the baseline: the model served its old
+    config until the next edit.)"""
+    fixture_models.linear(tmp_path, "clf", config="max_batch_size: 8\n")
+    for index in range(3000):
+        (tmp_path / f"other{index}" / "1").mkdir(parents=True)
+        (tmp_path / f"other{index}" / "config.yaml").write_text("max_batch_size: 8\n")
+    server = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "clf",
+                            "--poll-interval-s", "0.1")
+    (tmp_path / "clf" / "config.yaml").write_text("max_batch_size: 2\n")
+    _wait_for("the edited config served", lambda: call(
+        server.url, "GET", "/v2/models/clf/config").json()["max_batch_size"] == 2, 30.0)
+

@@ -76,6 +76,7 @@ class ModelRegistry(ModelTable):
         self.evictions = 0
         self.hits = 0  # requests that found their model loaded
         self.misses = 0  # requests that waited for a load
+        self.indexed_ns = 0  # wall clock when start() began reading the repository
 
     @property
     def loads(self) -> int:
@@ -89,6 +90,7 @@ class ModelRegistry(ModelTable):
 
     async def start(self) -> None:
         """Index the repository; with control 'all', load every model's served versions."""
+        self.indexed_ns = time.time_ns()  # files changed since may have been read before
         for directory in scan_repository(self.root):
             self._track(directory)
         if self.control == "all":

@@ -17,6 +17,7 @@ from serval.repository.store import is_version_name
 log = logging.getLogger(__name__)
 
 Signature = tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
+CLOCK_SLACK_NS = 1_000_000_000  # file times may lag the wall clock (a coarse kernel clock)
 
 
 def model_signature(model_dir: Path) -> Signature:
@@ -43,7 +44,11 @@ async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
     reload found no room under the memory budget); runs forever.
     Each look runs on a thread: with 10,000 models it takes about 0.3 s of file system calls,
     which the event loop must not wait for."""
-    seen = await _look(registry.root, {})
+    # A folder changed after start() began reading the repository may have been loaded as it
+    # was before: the first look counts it as not seen yet, so it reloads (a no-op if not).
+    since_ns = registry.indexed_ns - CLOCK_SLACK_NS
+    seen = {name: signature for name, signature in (await _look(registry.root, {})).items()
+            if _newest_ns(signature) < since_ns}
     while True:
         await asyncio.sleep(interval_s)
         current = await _look(registry.root, seen)
@@ -61,6 +66,10 @@ async def watch_repository(registry: ModelRegistry, interval_s: float) -> None:
                     log.error("reload failed; serving versions keep serving",
                               extra={"model": name, "reason": exc.message})
         seen = {name: signature for name, signature in current.items() if name not in retry}
+
+
+def _newest_ns(signature: Signature) -> int:
+    return max((ns for entries in signature for _, ns in entries), default=0)
 
 
 def _tracked_or_eager(registry: ModelRegistry, name: str) -> bool:
