@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests import fixture_models
+from tests import fixture_models, triton_sequence_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import Reply, call, infer, wait_until_running
 
@@ -191,3 +191,34 @@ def test_an_edit_right_after_start_is_seen_by_the_poll(server_factory: Factory,
     _wait_for("the edited config served", lambda: call(
         server.url, "GET", "/v2/models/clf/config").json()["max_batch_size"] == 2, 30.0)
 
+
+def test_a_live_sequence_keeps_its_model_from_eviction(server_factory: Factory,
+                                                       tmp_path: Path) -> None:
+    """A stateful model with a live sequence (between its steps) is not evicted for another
+    model: that one waits (503 'retry shortly'), and the sequence goes on with its state.
+    (The model was evicted and the sequence's next step got 400 'not live'.) Once the
+    sequence ends, the other model loads."""
+    triton_sequence_models.build_one(tmp_path, "simple_sequence")
+    fixture_models.add_sub(tmp_path, "other")
+    sizes = [(tmp_path / name / "1" / "model.onnx").stat().st_size
+             for name in ("simple_sequence", "other")]
+    server = server_factory(tmp_path, "--model-control", "lazy", "--memory-budget",
+                            str(sum(sizes) - 1))  # either one, not both
+
+    def step(value: int, **flags: bool) -> Reply:
+        doc = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1],
+                           "data": [value]}], "parameters": {"sequence_id": 7, **flags}}
+        return infer(server.url, "simple_sequence", doc)
+
+    first = step(1, sequence_start=True)
+    assert first.status == 200, first.body
+    pair = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                       for n in ("INPUT0", "INPUT1")]}
+    refused = infer(server.url, "other", pair)
+    assert refused.status == 503 and "every loaded model is busy" in refused.error, refused.body
+    assert _states(server)["simple_sequence/1"][0] == "READY"
+    going_on = step(2)
+    assert going_on.status == 200, going_on.body
+    assert step(3, sequence_end=True).status == 200
+    assert infer(server.url, "other", pair).status == 200  # the ended sequence holds nothing
+    assert _states(server)["simple_sequence/1"][0] == "EVICTED"

@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from serval.backends.base import Model, ModelVersionSpec, Runner
+from serval.batching.sequencer import Sequencer
 from serval.repository.layout import VersionSignature
 from serval.stats import ModelStats
 
@@ -59,6 +60,9 @@ class ServedModel:
 
     @property
     def idle(self) -> bool:
-        """Nothing pinned, queued or computing: safe to evict or unload."""
-        busy = self.runner is not None and (self.runner.queued or self.runner.running)
+        """Nothing pinned, queued or computing, and no live sequence (its state would go with
+        the engine, until it ends or idles out): safe to evict."""
+        runner = self.runner
+        busy = runner is not None and bool(runner.queued or runner.running or (
+            isinstance(runner, Sequencer) and runner.live_sequences))
         return self.in_flight == 0 and not busy
