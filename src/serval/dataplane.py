@@ -23,6 +23,7 @@ from serval.errors import (
     PermissionDenied,
     ServalError,
     UnsupportedCall,
+    shown,
 )
 from serval.observability.log_settings import LogControl
 from serval.observability.trace import Tracer, Value
@@ -215,6 +216,8 @@ class DataPlane:
             models = [self.registry.get(name, version)]
         else:
             models = [self.registry.get(name, v) for v in self.registry.versions_of(name)]
+            if not models:  # as Triton: an error, not an empty list
+                raise ModelNotFound(f"requested model {shown(name)} is not available")
         return {"model_stats": [served.stats.as_triton_dict() for served in models]}
 
     async def infer(

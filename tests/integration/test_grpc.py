@@ -154,6 +154,14 @@ def test_statistics(client: triton.InferenceServerClient) -> None:
     assert {"add_sub", "linear"} <= {entry["name"] for entry in every}
 
 
+def test_statistics_of_an_unknown_model_is_an_error(client: triton.InferenceServerClient
+                                                   ) -> None:
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_inference_statistics("nope")
+    assert caught.value.status() == "StatusCode.NOT_FOUND"
+    assert "requested model 'nope' is not available" in str(caught.value)
+
+
 def _raw_request(model: str, *inputs: tuple[str, str, list[int], bytes]
                  ) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=model)

@@ -91,6 +91,14 @@ def test_statistics_count_inferences(server: RunningServer) -> None:
     assert {"add_sub", "linear", "corrupt"} <= {entry["name"] for entry in every}
 
 
+def test_statistics_of_an_unknown_model_is_an_error(server: RunningServer) -> None:
+    """As Triton: "requested model 'X' is not available", not an empty list."""
+    reply = call(server.url, "GET", "/v2/models/nope/stats")
+    assert reply.status == 404 and reply.error == "requested model 'nope' is not available"
+    long = call(server.url, "GET", f"/v2/models/{'n' * 200}/stats")
+    assert long.status == 404 and len(long.error) < 100  # the name is quoted shortened
+
+
 def test_prometheus_metrics(server: RunningServer) -> None:
     assert infer(server.url, "linear", {"inputs": [LINEAR_INPUT]}).status == 200
     text = call(server.url, "GET", "/metrics").body.decode()
