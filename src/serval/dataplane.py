@@ -297,7 +297,7 @@ class DataPlane:
             try:
                 runner.check_capacity(deadline_ns)
             except Overloaded as exc:
-                served.stats.record_request(exc.code.value, 0)
+                served.stats.record_refusal(exc.code.value)
                 raise
 
     def _check_inflight(self) -> None:

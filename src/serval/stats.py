@@ -129,6 +129,15 @@ class ModelStats:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
             self.totals.request_seconds.observe(duration_ns * 1e-9)
 
+    def record_refusal(self, outcome: str) -> None:
+        """A request refused before it was read (overload): counted as a failure, kept out of
+        the latency histograms (a 0 s answer there would pull every percentile down)."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.requests += 1
+        self.fail.add(0)
+        if self.totals is not None:
+            self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
+
     def record_step(self, step: str, duration_ns: int) -> None:
         """A pipeline step finished (successfully or not) after duration_ns."""
         duration = self.steps.get(step)

@@ -109,3 +109,15 @@ def test_histogram_cumulative_is_monotonic_and_ends_with_the_count() -> None:
 
 def test_empty_histogram_is_all_zero() -> None:
     assert Histogram((1.0,)).cumulative() == [("1.0", 0), ("+Inf", 0)]
+
+
+def test_a_refusal_is_counted_but_kept_out_of_the_latency_histograms() -> None:
+    totals = ModelStats("*", "")
+    stats = ModelStats("m", "1", totals=totals)
+    stats.record_request("success", 5_000_000)
+    stats.record_refusal("overloaded")
+    assert stats.outcomes == {"success": 1, "overloaded": 1} and stats.requests == 2
+    assert stats.as_triton_dict()["inference_stats"]["fail"]["count"] == 1  # type: ignore[index]
+    for histogram in (stats.request_seconds, totals.request_seconds):
+        assert histogram.count == 1 and histogram.sum == pytest.approx(0.005)
+    assert totals.outcomes == {"success": 1, "overloaded": 1}
