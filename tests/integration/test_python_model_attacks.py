@@ -106,6 +106,20 @@ WAITS = HEAD + """
         return x.as_numpy()
 """
 
+# execute() leaves a thread calling `echo` over BLS as it returns (Triton's rule: calls end
+# within execute()); the calls and the answer are big enough to fill the pipe
+LATE_CALLS = HEAD.replace("import time", "import threading\nimport time\nimport numpy as np") + """
+    def run(self, x):
+        threading.Thread(target=self.calls, daemon=True).start()
+        return np.ones((x.as_numpy().shape[0], 1 << 20), np.float32)
+
+    def calls(self):
+        big = pb_utils.Tensor("INPUT0", np.ones((1, 1 << 20), np.float32))
+        for _ in range(3):
+            pb_utils.InferenceRequest(model_name="echo", inputs=[big],
+                                      requested_output_names=["OUTPUT0"]).exec()
+"""
+
 X = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
 ADD_SUB = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
                       for name in ("INPUT0", "INPUT1")]}
@@ -220,3 +234,16 @@ def test_a_bls_call_gives_up_at_its_timeout_when_the_called_model_hangs(
     finally:
         (folder / "release").write_text("go")
     assert infer(server.url, "caller", X).status == 200  # neither model is left wedged
+
+
+def test_bls_calls_from_a_thread_after_execute_returned_do_not_corrupt_the_pipe(
+        server_factory: Factory, tmp_path: Path) -> None:
+    write(tmp_path, "late", LATE_CALLS, CONFIG)
+    write(tmp_path, "echo", HEAD, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "echo").status == 200 and _load(server, "late").status == 200
+    binary = {**X, "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}
+    for _ in range(6):  # each answered (a reply cut by a call's bytes wedged the model)
+        reply = infer(server.url, "late", binary)
+        assert reply.status == 200, reply.body[:200]
+        assert len(reply.body) > 4 << 20

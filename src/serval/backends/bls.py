@@ -64,6 +64,11 @@ class ChildChannel:
         self._waiting: dict[int, deque[tuple[Answer, bool]]] = {}
         self._closed = False
 
+    @property
+    def send_lock(self) -> threading.Lock:
+        """Held by whoever writes to the pipe (a reply of several messages, whole)."""
+        return self._send_lock
+
     def call(self, model: str, version: str | None, inputs: TensorDict,
              outputs: list[str] | None, parameters: dict[str, Any], timeout_us: int) -> Answer:
         """One answer: the outputs, or the error's text."""

@@ -30,6 +30,13 @@ from serval.backends.base import (
     ModelVersionSpec,
     RequestModel,
 )
+from serval.backends.pipe_requests import (
+    REQUESTS,
+    recv_requests,
+    recv_results,
+    send_requests,
+    send_results,
+)
 from serval.backends.pipe_tensors import read_arrays, recv_tensors, send_tensors
 from serval.backends.worker_guard import end_group, guard_worker, kill_group, stop_in_background
 from serval.errors import (
@@ -39,14 +46,13 @@ from serval.errors import (
     ModelNotReady,
     ServalError,
 )
-from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
+from serval.protocol.types import InferRequest, TensorDict
 
 log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 5.0
 _STOP = "stop"
-_REQUESTS = "requests"
 T = TypeVar("T")
 
 
@@ -288,55 +294,6 @@ def _exit_reason(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-# requests: a header of (id, parameters, requested outputs) each, then each one's tensors;
-# the answer: a status per request (None: ok), then the tensors of each one that succeeded
-
-def send_requests(conn: Connection, requests: Sequence[InferRequest]) -> None:
-    heads = [(request.id, request.parameters,
-              [output.name for output in request.outputs] if request.outputs else None)
-             for request in requests]
-    conn.send((_REQUESTS, heads))
-    for request in requests:
-        send_tensors(conn, request.inputs)
-
-
-def recv_requests(conn: Connection, heads: list[tuple[Any, ...]]) -> list[InferRequest]:
-    requests = []
-    for request_id, parameters, outputs in heads:
-        requests.append(InferRequest(
-            recv_tensors(conn), id=request_id, parameters=parameters,
-            outputs=None if outputs is None else [RequestedOutput(name) for name in outputs]))
-    return requests
-
-
-def send_results(conn: Connection, results: Sequence[TensorDict | ServalError]) -> None:
-    statuses: list[tuple[str, ...] | None] = []
-    for result in results:
-        if isinstance(result, EngineRejectedInput):
-            statuses.append(("rejected", result.message, result.detail))
-        elif isinstance(result, ServalError):
-            statuses.append(("failed", result.message))
-        else:
-            statuses.append(None)
-    conn.send(("ok", statuses))
-    for result in results:
-        if not isinstance(result, ServalError):
-            send_tensors(conn, {name: np.asarray(value) for name, value in result.items()})
-
-
-def recv_results(conn: Connection, statuses: list[tuple[str, ...] | None]
-                 ) -> list[TensorDict | ServalError]:
-    results: list[TensorDict | ServalError] = []
-    for status in statuses:
-        if status is None:
-            results.append(recv_tensors(conn))
-        elif status[0] == "rejected":
-            results.append(EngineRejectedInput(status[1], status[2]))
-        else:
-            results.append(BackendError(status[1]))
-    return results
-
-
 def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
     """The worker process: load, then answer batches until told to stop or the pipe closes."""
     model = load_in_child(conn, backend, spec)
@@ -374,29 +331,41 @@ def serve_child(conn: Connection, model: LoadedModel) -> None:
             return  # the parent is gone
         if kind == _STOP:
             return
-        if kind == _REQUESTS:
-            _answer_requests(conn, model, recv_requests(conn, message[1]))
-            continue
-        inputs = read_arrays(conn, message[1])
-        try:
-            outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
-        except EngineRejectedInput as exc:
-            conn.send(("rejected", (exc.message, exc.detail)))
-            continue
-        except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
-            continue
+        if kind == REQUESTS:
+            reply = _answer_requests(model, recv_requests(conn, message[1]))
+        else:
+            reply = _answer_batch(model, read_arrays(conn, message[1]))
+        with channel.send_lock:  # whole: a BLS call from a model thread never cuts into it
+            reply(conn)
+
+
+Reply = Callable[[Connection], None]
+
+
+def _answer_batch(model: LoadedModel, inputs: TensorDict) -> Reply:
+    try:
+        outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
+    except EngineRejectedInput as exc:
+        rejected = ("rejected", (exc.message, exc.detail))
+        return lambda conn: conn.send(rejected)
+    except Exception as exc:
+        return _error(f"{type(exc).__name__}: {exc}")
+
+    def send(conn: Connection) -> None:
         conn.send(("ok", None))
         send_tensors(conn, outputs)
+    return send
 
 
-def _answer_requests(conn: Connection, model: LoadedModel, requests: list[InferRequest]) -> None:
+def _answer_requests(model: LoadedModel, requests: list[InferRequest]) -> Reply:
     if not isinstance(model, RequestModel):
-        conn.send(("error", "the engine does not take requests"))
-        return
+        return _error("the engine does not take requests")
     try:
         results = model.infer_requests(requests)
     except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    send_results(conn, results)
+        return _error(f"{type(exc).__name__}: {exc}")
+    return lambda conn: send_results(conn, results)
+
+
+def _error(detail: str) -> Reply:
+    return lambda conn: conn.send(("error", detail))

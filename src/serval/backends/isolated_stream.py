@@ -36,12 +36,9 @@ from serval.backends.isolated import (
     IsolatedModel,
     IsolatedRequestModel,
     load_in_child,
-    recv_requests,
-    recv_results,
-    send_requests,
-    send_results,
     serve_child,
 )
+from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
 from serval.backends.pipe_tensors import recv_tensors, send_tensors
 from serval.backends.worker_guard import end_group
 from serval.errors import BackendError, EngineRejectedInput, ServalError, ServerUnavailable
