@@ -34,6 +34,7 @@ from serval.batching.priority import (
     queue_rule,
     queue_timeout,
 )
+from serval.batching.queue_deadline import QueueDeadline
 from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
     BackendError,
@@ -157,7 +158,13 @@ class Batcher:
         self._queued_rows += rows
         self._idle.clear()
         self._wakeup.set()
-        return await future
+        if deadline_ns is None:
+            return await future
+        timer = QueueDeadline(pending, self._clock)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     def check_capacity(self, deadline_ns: int | None = None, level: int | None = None) -> None:
         """Overloaded (429) when the request's level holds max_queue_size requests, or when a
@@ -261,6 +268,7 @@ class Batcher:
         now_ns = self._clock()
         live = []
         for request in batch:
+            request.taken = True
             if is_live(request, now_ns):
                 self._stats.record_queue(now_ns - request.enqueued_ns)
                 live.append(request)
@@ -373,3 +381,4 @@ def fail_unloaded(future: asyncio.Future[TensorDict]) -> None:
     """A request still waiting when its model goes away: 503, the model was unloaded."""
     if not future.done():
         future.set_exception(ServerUnavailable("the model was unloaded"))
+

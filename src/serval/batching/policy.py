@@ -26,6 +26,7 @@ class PendingRequest:
     level: int = 1  # its priority level (batching/priority.py), 1 without levels
     delay_at_ns: int | None = None  # under a DELAY rule: when it moves behind the others
     delayed: bool = False  # it has (priority.LeveledQueue.delay_expired)
+    taken: bool = False  # it left the queue for a batch
 
 
 class RequestQueue(Protocol):

@@ -194,6 +194,38 @@ def test_deadline_passing_while_queued_behind_a_busy_engine(tmp_path: Path) -> N
     assert stats.inference_count == 1
 
 
+def test_a_queued_request_fails_at_its_deadline_while_the_engine_is_stuck(
+        tmp_path: Path) -> None:
+    """The engine never comes back from the batch ahead (a hung model): the queued request
+    still gets its DeadlineExceeded when its time is up, not when a batch next forms."""
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+    now = [1_000]
+
+    async def main() -> BaseException | None:
+        batcher = Batcher(model, stats, clock=lambda: now[0])
+        model.hold()
+        first = asyncio.create_task(batcher.infer({"x": features(1)}))
+        await model.busy()
+        queued = asyncio.create_task(batcher.infer({"x": features(2)}, deadline_ns=3_000))
+        await asyncio.sleep(0.01)
+        assert not queued.done()  # its time is not up: it waits
+        now[0] = 3_000
+        try:
+            await asyncio.wait_for(queued, 10)  # the engine is still held
+            return None
+        except DeadlineExceeded as exc:
+            return exc
+        finally:
+            model.open()
+            await first
+            await batcher.close()
+
+    late = asyncio.run(main())
+    assert isinstance(late, DeadlineExceeded) and "while it was queued" in late.message
+    np.testing.assert_array_equal(model.rows_seen("x"), features(1))  # never computed
+
+
 MS = 1_000_000
 
 
