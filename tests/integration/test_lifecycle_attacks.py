@@ -4,6 +4,7 @@ request that arrives while a load of the same model is still under way."""
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -222,3 +223,24 @@ def test_a_live_sequence_keeps_its_model_from_eviction(server_factory: Factory,
     assert step(3, sequence_end=True).status == 200
     assert infer(server.url, "other", pair).status == 200  # the ended sequence holds nothing
     assert _states(server)["simple_sequence/1"][0] == "EVICTED"
+
+
+def test_a_half_written_serving_json_does_not_unpin_the_rollback(server_factory: Factory,
+                                                                 tmp_path: Path) -> None:
+    """serving.json pins version 1 (a rollback from 2); an operator rewriting it by hand is
+    caught by the poll with the file empty: the load fails, naming it, and version 1 serves
+    on. (The latest version, the one rolled back from, took over until the file was whole.)"""
+    model = fixture_models.linear(tmp_path, "clf", seed=1)
+    shutil.copytree(model.parent, tmp_path / "clf" / "2")
+    pin = tmp_path / "clf" / "serving.json"
+    pin.write_text('{"version": "1"}')
+    server = server_factory(tmp_path, "--poll-interval-s", "0.1", "--repository-api")
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
+    assert infer(server.url, "clf", doc).json()["model_version"] == "1"
+    pin.write_text("")  # as `echo ... > serving.json` leaves it for a moment
+    _wait_for("the poll's reload refused", lambda: "serving.json" in server.log())
+    assert infer(server.url, "clf", doc).json()["model_version"] == "1"
+    refused = call(server.url, "POST", "/v2/repository/models/clf/load")
+    assert refused.status == 400 and "serving.json" in refused.error, refused.body
+    assert _states(server)["clf/1"][0] == "READY"
+    assert _states(server).get("clf/2", ("not tracked",))[0] != "READY"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from serval.config import server_default
-from serval.errors import ConfigError, InvalidInput, ModelNotFound
+from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound
 from serval.model_config import VersionPolicy
 from serval.repository.layout import ModelDirectory
 from serval.repository.names import UNKNOWN_MODEL, public_reason
@@ -135,6 +135,11 @@ class ModelTable:
                 log.warning("model has no version to serve", extra={"model": name,
                                                                      "reason": problem})
         except ConfigError as exc:
+            if any(s.state in (ModelState.READY, ModelState.EVICTED) for s in versions.values()):
+                # e.g. serving.json or the config caught half rewritten: what serves goes on
+                # (the latest version would have served in place of the one pinned)
+                raise LoadFailed(f"failed to load '{name}': {self.public_reason(str(exc))}; "
+                                 "the versions serving keep serving") from None
             selected, problem = directory.versions[-1:], self.public_reason(str(exc))
             log.warning("model config is invalid", extra={"model": name, "reason": str(exc)})
         self._selected[name] = selected
