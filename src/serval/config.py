@@ -160,6 +160,10 @@ class ServerConfig(Strict):
     agent_port: int = Field(0, ge=0, le=65535, description="HAProxy agent check; 0: off")
     drain_delay_s: float = Field(
         0.0, ge=0.0, description="on SIGTERM: not ready, still serving, this long; then drain")
+    exit_timeout_s: float = Field(
+        30.0, ge=0.0, le=86_400.0,
+        description="on SIGTERM, after the drain delay: how long in-flight and queued work may "
+        "take before the server exits anyway (Triton's --exit-timeout-secs)")
 
     @field_validator("node_name")
     @classmethod

@@ -4,6 +4,7 @@ stays with them; the server, its other models and the host go on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -11,11 +12,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, infer
+from tests.integration.http_helpers import Reply, call, infer, wait_until_running
 from tests.triton_python_models import write
 
 pytestmark = pytest.mark.integration
@@ -247,3 +249,29 @@ def test_bls_calls_from_a_thread_after_execute_returned_do_not_corrupt_the_pipe(
         reply = infer(server.url, "late", binary)
         assert reply.status == 200, reply.body[:200]
         assert len(reply.body) > 4 << 20
+
+
+def test_a_model_that_hangs_holds_up_neither_queued_deadlines_nor_shutdown(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """execute() never returns (WAITS, never released). A request queued behind it with a
+    deadline gets its 504 at that deadline; SIGTERM ends the server after --exit-timeout-s
+    (before: the queued request waited for ever, and so did the shutdown, on the drain and
+    then on the worker's pipe lock); the worker goes with it."""
+    folder = write(tmp_path, "hangs", WAITS, CONFIG)
+    fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path, "--allow-python-models", "--exit-timeout-s", "2")
+    worker = int((folder / "worker.pid").read_text())
+    def never_answered() -> None:
+        with contextlib.suppress(OSError):  # the server goes without answering it
+            infer(server.url, "hangs", X)
+
+    stuck = threading.Thread(target=never_answered, daemon=True)
+    stuck.start()
+    wait_until_running(server.url, "hangs")
+    late = call(server.url, "POST", "/v2/models/hangs/infer", orjson.dumps(X),
+                {"Serval-Timeout-Ms": "300"})
+    assert late.status == 504 and "deadline" in late.error
+    assert infer(server.url, "add_sub", ADD_SUB).status == 200  # the others go on
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(timeout=60)
+    _wait_for(lambda: not _running(worker), "the hung worker outlived its server")

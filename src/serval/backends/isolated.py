@@ -148,8 +148,25 @@ class IsolatedModel:
     def unload(self) -> None:
         """Stop the worker; waited for (and killed past STOP_TIMEOUT_S) in the background."""
         self.abandon.set()  # a batch waiting on a BLS call ends, and frees the pipe
+        self._closed = True  # no batch starts from now on
+        if self._lock.acquire(blocking=False):
+            try:
+                self._stop_child()
+            finally:
+                self._lock.release()
+            return
+        # A batch holds the pipe (at shutdown: a model that hangs) or a restart is under way.
+        # The worker is killed, so the batch fails as a worker that died (no restart follows:
+        # closed), and what holds the lock is stopped once it lets go; the loop never waits.
+        process = self._process
+        if process is not None:
+            process.kill()
+            kill_group(process)
+        threading.Thread(target=self._stop_when_free, daemon=True,
+                         name=f"serval-unload-{self._spec.name}").start()
+
+    def _stop_when_free(self) -> None:
         with self._lock:
-            self._closed = True
             self._stop_child()
 
     def connection(self) -> Connection:

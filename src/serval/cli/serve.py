@@ -151,6 +151,11 @@ def serve_command(
         rich_help_panel=_BALANCER,
         help="On SIGTERM, report not ready (503, agent drain) and keep serving this long "
         "before the listeners close."),
+    exit_timeout_s: float = typer.Option(
+        server_default("exit_timeout_s"), "--exit-timeout-s", "--exit-timeout-secs",
+        parser=seconds, metavar="DURATION", rich_help_panel=_BALANCER,
+        help="On SIGTERM, after the drain delay, how long in-flight and queued requests may "
+        "take; then the server exits anyway (a model that hangs cannot hold it up)."),
     max_connections: int = _limit(
         "max_connections", "Open connections, HTTP and gRPC together; at the limit a new one "
         "replaces the oldest idle one (0: from the file-descriptor limit, at most 10,000)."),
@@ -247,7 +252,7 @@ def serve_command(
             max_tensor_elements=max_tensor_elements, limits=limits,
             strict_readiness=strict_readiness, shared_memory=shared_memory,
             node_name=node_name, node_header=node_header, agent_port=agent_port,
-            drain_delay_s=drain_delay_s, trace_file=trace_file,
+            drain_delay_s=drain_delay_s, exit_timeout_s=exit_timeout_s, trace_file=trace_file,
             trace=_trace_settings(trace_file, trace_config or []),
             response_cache_bytes=_cache_size(cache_config or []),
         )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from serval.auth import TokenStore
 from serval.backends.base import BackendOptions
 from serval.backends.cores import usable_cores
-from serval.config import ServerConfig
+from serval.config import ServerConfig, server_default
 from serval.dataplane import DataPlane
 from serval.errors import ConfigError, LoadFailed, ModelNotReady
 from serval.observability.logging import log_control
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from serval.server.grpc.server import GrpcServer
 
 log = logging.getLogger(__name__)
-GRACEFUL_SHUTDOWN_S = 30
+GRACEFUL_SHUTDOWN_S: float = server_default("exit_timeout_s")  # --exit-timeout-s
 NODE_HEADER = "serval-node"  # on every answer: which node behind the load balancer answered
 SAMPLER_TASK = "status-sampler"
 
@@ -115,17 +115,26 @@ async def load_at_start(dataplane: DataPlane, names: list[str]) -> None:
         dataplane.mark_asked(name)
 
 
-async def close_stack(stack: ServingStack) -> None:
-    """Not ready; stop the background tasks; finish queued work; release every engine."""
+async def close_stack(stack: ServingStack, grace_s: float = GRACEFUL_SHUTDOWN_S) -> bool:
+    """Not ready; stop the background tasks; finish queued work (up to grace_s); release
+    every engine. False when work was still queued or running at the end of grace_s (a model
+    that hangs): the caller then exits without waiting for it."""
     stack.dataplane.set_ready(False)
     for task in stack.tasks:
         task.cancel()
-    await stack.registry.drain()
+    try:
+        await asyncio.wait_for(stack.registry.drain(), max(grace_s, 0.0))
+        drained = True
+    except TimeoutError:
+        drained = False
+        log.warning("shutting down with work unfinished: a model did not finish its queued "
+                    "or running requests in time", extra={"exit_timeout_s": grace_s})
     await stack.registry.close()
     stack.dataplane.tracer.close()  # traces still waiting go to the trace file
     if stack.dataplane.shared_memory is not None:  # every client region unmapped
         released = stack.dataplane.shared_memory.close()
         log.info("shared memory released", extra={"regions": released})
+    return drained
 
 
 def shared_memory_registry(config: ServerConfig, budget: ReceiveBudget
@@ -278,7 +287,7 @@ def _bind(host: str, port: int, flag: str, reuse_port: bool) -> socket.socket:
                       f"{exc.strerror or exc}") from None
 
 
-async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> None:
+async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> bool:
     """Turn not ready (health 503, agent `drain`) and go on serving for the drain delay, so
     the proxy steers new work away (`hurry` cuts it short); then close the listeners, let
     in-flight requests finish (up to grace_s) and release the models."""
@@ -293,9 +302,11 @@ async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> N
     server.http.close()
     if server.agent is not None:
         server.agent.close()  # it answered `drain` until now
+    started = asyncio.get_running_loop().time()
     await asyncio.gather(
         server.connections.shutdown(grace_s),
         server.grpc.stop(grace_s) if server.grpc else asyncio.sleep(0),
     )
-    await close_stack(server.stack)
+    left_s = grace_s - (asyncio.get_running_loop().time() - started)
+    return await close_stack(server.stack, left_s)
 

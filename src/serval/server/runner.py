@@ -11,7 +11,7 @@ import signal
 from serval.config import ServerConfig
 from serval.errors import ConfigError
 from serval.observability.logging import configure_logging
-from serval.server.build import GRACEFUL_SHUTDOWN_S, check_ports_free, start_server, stop_server
+from serval.server.build import check_ports_free, start_server, stop_server
 from serval.server.supervisor import STARTUP_FAILED, Supervisor
 from serval.server.workers import resolve_workers
 
@@ -72,4 +72,9 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         log.info("draining: not ready, serving on for the drain delay",
                  extra={"drain_delay_s": config.drain_delay_s, "pid": os.getpid()})
     log.info("shutting down: finishing in-flight requests", extra={"pid": os.getpid()})
-    await stop_server(server, GRACEFUL_SHUTDOWN_S)
+    if not await stop_server(server, config.exit_timeout_s):
+        # a model is stuck in an engine thread, which the interpreter would wait for at exit
+        log.warning("exiting without waiting for the model that is still running",
+                    extra={"pid": os.getpid()})
+        logging.shutdown()
+        os._exit(0)
