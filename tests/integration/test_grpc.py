@@ -162,6 +162,20 @@ def test_statistics_of_an_unknown_model_is_an_error(client: triton.InferenceServ
     assert "requested model 'nope' is not available" in str(caught.value)
 
 
+def test_an_unknown_model_name_of_any_length_is_not_found_with_a_short_message(
+        stub: service_pb2_grpc.GRPCInferenceServiceStub) -> None:
+    """The error quotes the name cut short: the whole of a 20 KB name in grpc-message made
+    clients fail with RESOURCE_EXHAUSTED (and a proxy reset the stream)."""
+    request = service_pb2.ModelInferRequest(model_name="n" * 20_000)
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 1])
+    request.raw_input_contents.append(np.zeros(1, np.float32).tobytes())
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelInfer(request)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "Request for unknown model" in caught.value.details()
+    assert len(caught.value.details()) < 300
+
+
 def _raw_request(model: str, *inputs: tuple[str, str, list[int], bytes]
                  ) -> service_pb2.ModelInferRequest:
     request = service_pb2.ModelInferRequest(model_name=model)

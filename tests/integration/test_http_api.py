@@ -99,6 +99,17 @@ def test_statistics_of_an_unknown_model_is_an_error(server: RunningServer) -> No
     assert long.status == 404 and len(long.error) < 100  # the name is quoted shortened
 
 
+@pytest.mark.parametrize(("version", "status"), [("9" * 5000, 404), ("0" * 5000, 400)])
+def test_a_version_string_of_any_length_is_a_precise_4xx(server: RunningServer, version: str,
+                                                          status: int) -> None:
+    """Past 4,300 digits Python's int() refuses to convert (it was a 500 and a traceback); the
+    message quotes the version cut short."""
+    for action in ("", "/stats", "/config"):  # (/ready answers {"ready": false})
+        reply = call(server.url, "GET", f"/v2/models/add_sub/versions/{version}{action}")
+        assert reply.status == status, (action, reply.status, reply.body[:200])
+        assert "version" in reply.error and len(reply.error) < 300
+
+
 def test_prometheus_metrics(server: RunningServer) -> None:
     assert infer(server.url, "linear", {"inputs": [LINEAR_INPUT]}).status == 200
     text = call(server.url, "GET", "/metrics").body.decode()

@@ -14,6 +14,12 @@ MAX_NAME_BYTES = 255  # a model name is a folder name: the filesystem's limit
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`:,;()\[\]{}<>]+")
 
 
+def cut(text: str, limit: int = 64) -> str:
+    """A client's model name or version string as an error message quotes it: as sent, or its
+    first characters (a name of any length must not make an error message that long)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def not_ready_message(served: ServedModel, versioned: bool = True,
                       reason: str | None = None) -> str:
     """Triton's words for a model (version) that is known and not ready, then why (its

@@ -28,6 +28,7 @@ from serval.repository.memory import MemoryKeeper
 from serval.repository.names import (
     UNKNOWN_MODEL,
     check_requested_name,
+    cut,
     load_error,
     not_ready_message,
 )
@@ -197,7 +198,7 @@ class ModelRegistry(ModelTable):
         override in force ends with it."""
         versions = self._models.get(name)
         if versions is None:
-            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{cut(name)}' is not found")
         async with self._swaps.setdefault(name, asyncio.Lock()):  # after a reload under way
             for served in list(versions.values()):  # a load may add a version meanwhile
                 await self._retire(served, "unloaded")

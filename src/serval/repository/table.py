@@ -16,7 +16,7 @@ from serval.config import server_default
 from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound
 from serval.model_config import VersionPolicy
 from serval.repository.layout import ModelDirectory
-from serval.repository.names import UNKNOWN_MODEL, public_reason
+from serval.repository.names import UNKNOWN_MODEL, cut, public_reason
 from serval.repository.served import ModelState, ServedModel
 from serval.repository.steps import unready_steps
 from serval.repository.store import is_version_name, serving_version
@@ -44,7 +44,7 @@ class ModelTable:
         the request path and the status page share."""
         versions = self._models.get(name)
         if not versions:
-            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' is not found")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{cut(name)}' is not found")
         if not version:  # newest ready, else newest loadable (never a failed one first)
             if len(versions) == 1:
                 only = next(iter(versions.values()))
@@ -56,11 +56,12 @@ class ModelTable:
             return max(ready or loadable or versions.values(), key=lambda s: int(s.version))
         served = versions.get(version)
         if served is None:
-            if not is_version_name(version) or int(version) < 1:  # Triton's words
+            # (all zeros is < 1; no int(): past 4,300 digits Python refuses to convert)
+            if not is_version_name(version) or not version.strip("0"):  # Triton's words
                 raise InvalidInput(f"failed to get model version from specified version string "
-                                   f"'{version}', version should be an integral value > 0")
-            raise ModelNotFound(f"{UNKNOWN_MODEL}'{name}' version {version} is not found; "
-                                f"versions: {', '.join(versions)}")
+                                   f"'{cut(version)}', version should be an integral value > 0")
+            raise ModelNotFound(f"{UNKNOWN_MODEL}'{cut(name)}' version {cut(version)} is not "
+                                f"found; versions: {', '.join(versions)}")
         return served
 
     def all_models(self) -> list[ServedModel]:
