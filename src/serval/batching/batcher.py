@@ -34,7 +34,7 @@ from serval.batching.priority import (
     queue_rule,
     queue_timeout,
 )
-from serval.batching.queue_deadline import QueueDeadline
+from serval.batching.queue_deadline import DeadlineSweep
 from serval.batching.tensors import concat_inputs, split_outputs
 from serval.errors import (
     BackendError,
@@ -112,6 +112,7 @@ class Batcher:
         self._queue: RequestQueue = self._leveled if self._leveled is not None else deque()
         self._queued_rows = 0
         self._wakeup = asyncio.Event()
+        self._deadlines = DeadlineSweep(clock)
         self._idle = asyncio.Event()
         self._idle.set()
         self._running = 0
@@ -158,13 +159,9 @@ class Batcher:
         self._queued_rows += rows
         self._idle.clear()
         self._wakeup.set()
-        if deadline_ns is None:
-            return await future
-        timer = QueueDeadline(pending, self._clock)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        if deadline_ns is not None:
+            self._deadlines.watch(pending)
+        return await future
 
     def check_capacity(self, deadline_ns: int | None = None, level: int | None = None) -> None:
         """Overloaded (429) when the request's level holds max_queue_size requests, or when a
@@ -215,6 +212,7 @@ class Batcher:
     async def close(self) -> None:
         """Stop the consumers; requests still queued fail as unavailable."""
         self._closed = True
+        self._deadlines.close()
         await stop_consumers(self._consumers)
         while self._queue:
             fail_unloaded(self._queue.popleft().future)
