@@ -379,4 +379,3 @@ def fail_unloaded(future: asyncio.Future[TensorDict]) -> None:
     """A request still waiting when its model goes away: 503, the model was unloaded."""
     if not future.done():
         future.set_exception(ServerUnavailable("the model was unloaded"))
-
