@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +178,13 @@ def parse_int(repository: Path, name: str = "parse_int", config: str = "max_batc
     graph = helper.make_graph([helper.make_node("Cast", ["TEXT"], ["NUMBER"],
                                                 to=TensorProto.INT64)], name, [text], [number])
     return _save(graph, repository, name, config)
+
+
+def linked_repository(root: Path, source: Path, names: Iterable[str]) -> Path:
+    """A repository at ROOT of one model file shared (hard-linked) by many models, each with
+    version 1 alone: thousands of models without thousands of copies."""
+    for name in names:
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        os.link(source, version / "model.onnx")
+    return root

@@ -47,11 +47,8 @@ def test_models_ready_summed_over_every_series_counts_every_ready_model(
     serval_model_ready must count how many of them serve (the dashboard's "Models ready" is
     the sum), not 1 for all of them together."""
     source = fixture_models.linear(tmp_path / "build")
-    repository = tmp_path / "many"
-    for index in range(6):
-        version = repository / f"m{index}" / "1"
-        version.mkdir(parents=True)
-        os.link(source, version / "model.onnx")
+    repository = fixture_models.linked_repository(tmp_path / "many", source,
+                                                  (f"m{index}" for index in range(6)))
     server = server_factory(repository, "--model-control", "lazy", "--metrics-top-k", "2")
     for index in range(5):  # m5 is never asked for: it does not serve
         assert infer(server.url, f"m{index}", X).status == 200

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -192,11 +191,8 @@ def test_ten_thousand_models_page_on_the_server(
     server_factory: Callable[..., RunningServer], tmp_path: Path
 ) -> None:
     source = fixture_models.linear(tmp_path / "build")
-    repository = tmp_path / "many"
-    for index in range(10_000):
-        version = repository / f"tenant-{index:05d}" / "1"
-        version.mkdir(parents=True)
-        os.link(source, version / "model.onnx")
+    repository = fixture_models.linked_repository(
+        tmp_path / "many", source, (f"tenant-{index:05d}" for index in range(10_000)))
     server = server_factory(repository, "--model-control", "lazy", "--memory-budget", "8MiB")
     for name in ("tenant-00042", "tenant-09999"):
         assert infer(server.url, name, X).status == 200
