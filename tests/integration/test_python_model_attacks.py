@@ -17,7 +17,7 @@ import pytest
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, infer, wait_until_running
+from tests.integration.http_helpers import Reply, call, infer, wait_until_idle, wait_until_running
 from tests.triton_python_models import write
 
 pytestmark = pytest.mark.integration
@@ -235,7 +235,9 @@ def test_a_bls_call_gives_up_at_its_timeout_when_the_called_model_hangs(
             in reply.error
     finally:
         (folder / "release").write_text("go")
-    assert infer(server.url, "caller", X).status == 200  # neither model is left wedged
+    wait_until_idle(server.url, "waits")  # its one batch, measured at over 300 ms, has ended
+    reply = infer(server.url, "caller", X)
+    assert reply.status == 200, reply.body  # neither model is left wedged or refused for ever
 
 
 @pytest.mark.xfail(strict=False, reason="open: under a loaded box the worker exited (code 1) "

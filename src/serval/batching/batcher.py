@@ -177,6 +177,11 @@ class Batcher:
         if deadline_ns is None:
             return
         now_ns = self._clock()
+        if not self._queue and not self._running and deadline_ns > now_ns:
+            # An idle engine takes the request whatever its measure says: a batch that ran
+            # long once (a model that hung, then went on) would otherwise be refused on every
+            # short deadline for ever, since only an admitted batch measures it again.
+            return
         wait_ns = self.expected_wait_ns(now_ns, level=level or 1)
         retry_after_s = refusal_retry_after_s(now_ns, deadline_ns, wait_ns, ADMISSION_HEADROOM)
         if retry_after_s:

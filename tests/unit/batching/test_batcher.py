@@ -281,6 +281,43 @@ def test_a_deadline_the_queue_ahead_would_miss_is_refused_at_once(tmp_path: Path
     assert len(model.batches) == 3  # nothing refused was queued
 
 
+def test_an_idle_engine_admits_a_deadline_its_last_long_batch_would_refuse(
+        tmp_path: Path) -> None:
+    """One batch ran 500 ms (a model that hung, then went on). While the engine is idle a
+    request due in 300 ms is admitted, so the next batch measures the engine again; while a
+    batch runs, one due in 300 ms is refused as before."""
+    model = Gated(load(tmp_path, fixture_models.linear, "linear"))
+    stats = ModelStats("linear", "1")
+    now = [0]
+
+    async def main() -> Overloaded | None:
+        batcher = Batcher(model, stats, clock=lambda: now[0])
+        try:
+            model.hold()
+            first = asyncio.create_task(batcher.infer({"x": features(1)}))
+            await model.busy()
+            now[0] = 500 * MS
+            model.open()
+            await first  # one row measured at 500 ms
+            batcher.check_capacity(deadline_ns=now[0] + 300 * MS)  # idle: admitted
+            model.hold()
+            running = asyncio.create_task(batcher.infer({"x": features(2)}))
+            await model.busy()
+            refused = None
+            try:
+                batcher.check_capacity(deadline_ns=now[0] + 300 * MS)
+            except Overloaded as exc:
+                refused = exc
+            model.open()
+            await running
+            return refused
+        finally:
+            await batcher.close()
+
+    refused = asyncio.run(main())
+    assert refused is not None and "expected wait 1000 ms" in refused.message
+
+
 def test_cancelled_request_is_dropped_before_compute(tmp_path: Path) -> None:
     model = Gated(load(tmp_path, fixture_models.linear, "linear"))
     stats = ModelStats("linear", "1")
