@@ -240,9 +240,6 @@ def test_a_bls_call_gives_up_at_its_timeout_when_the_called_model_hangs(
     assert reply.status == 200, reply.body  # neither model is left wedged or refused for ever
 
 
-@pytest.mark.xfail(strict=False, reason="open: under a loaded box the worker exited (code 1) "
-                   "once in a full run while a model thread's BLS calls outlived execute(); "
-                   "passes alone")
 def test_bls_calls_from_a_thread_after_execute_returned_do_not_corrupt_the_pipe(
         server_factory: Factory, tmp_path: Path) -> None:
     write(tmp_path, "late", LATE_CALLS, CONFIG)

@@ -52,14 +52,21 @@ CANCELLED_TEXT = "the request was cancelled"
 class ChildChannel:
     """The child's end of BLS on one pipe. `send_lock` guards the pipe's writes when other
     threads write to it too; with `routed`, replies come in through `deliver` (the thread that
-    reads the pipe calls it), else the callers waiting read them in turn."""
+    reads the pipe calls it), else the callers waiting and `receive` read them in turn.
+
+    Unrouted, whichever thread reads a message reads all of it (`payload` reads what follows
+    a message that is not a reply) before another may read: a call left running after
+    execute() returned may read the next batch while waiting for its reply (it leaves it for
+    `receive`), and must never read that batch's tensors as a reply."""
 
     def __init__(self, conn: Connection, send_lock: threading.Lock | None = None,
-                 routed: bool = False) -> None:
+                 routed: bool = False, payload: Callable[[Any], Any] | None = None) -> None:
         self._conn, self._routed = conn, routed
         self._send_lock = send_lock or threading.Lock()
+        self._payload = payload or (lambda message: message)
         self._changed = threading.Condition()  # guards what follows; an answer came
         self._reading = False  # unrouted: a thread is reading the pipe
+        self._inbox: deque[Any] = deque()  # unrouted: messages for `receive`, read in full
         self._ids = itertools.count(1)
         self._waiting: dict[int, deque[tuple[Answer, bool]]] = {}
         self._closed = False
@@ -105,7 +112,7 @@ class ChildChannel:
                 self._reading = True
                 self._changed.release()
                 try:
-                    self._read_one()
+                    self._read_message()
                 finally:
                     self._changed.acquire()
                     self._reading = False
@@ -130,30 +137,33 @@ class ChildChannel:
             self._waiting.pop(call_id, None)
 
     def receive(self) -> Any:
-        """Unrouted: the pipe's next message that is not a reply (the child's main loop reads
-        here, so a reply to a call still waiting reaches it)."""
+        """Unrouted: the pipe's next message that is not a reply, as `payload` read it in full
+        (the child's main loop reads here, so a reply to a call still waiting reaches it)."""
         while True:
             with self._changed:
-                while self._reading:
+                while self._reading and not self._inbox:
                     self._changed.wait()
+                if self._inbox:
+                    return self._inbox.popleft()
                 self._reading = True
             try:
-                message = self._conn.recv()
-                if message[0] == REPLY:
-                    self.deliver(message[1])
-                    continue
-                return message
+                self._read_message()
             finally:
                 with self._changed:
                     self._reading = False
                     self._changed.notify_all()
 
-    def _read_one(self) -> None:
-        kind, reply = self._conn.recv()
-        if kind != REPLY:
-            raise RuntimeError(f"business logic scripting: {kind!r} read while waiting for a "
-                               "reply (a call made after execute() returned?)")
-        self.deliver(reply)
+    def _read_message(self) -> None:
+        """Read one message in full (the reader's turn is held): a reply goes to its caller,
+        anything else to the inbox."""
+        message = self._conn.recv()
+        if message[0] == REPLY:
+            self.deliver(message[1])
+            return
+        message = self._payload(message)
+        with self._changed:
+            self._inbox.append(message)
+            self._changed.notify_all()
 
     def deliver(self, reply: Reply) -> None:
         """A REPLY read from the pipe: its outputs follow on the pipe."""

@@ -339,21 +339,30 @@ def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
 
 
 def serve_child(conn: Connection, model: LoadedModel) -> None:
-    channel = bls.ChildChannel(conn)  # execute()'s calls read their replies themselves
+    # execute()'s calls read their replies themselves, and whoever reads a batch reads it whole
+    channel = bls.ChildChannel(conn, payload=lambda message: _read_batch(conn, message))
     bls.install(channel)
     while True:
         try:
-            kind, _ = message = channel.receive()  # a late call's reply goes to it
+            kind, batch = channel.receive()  # a late call's reply goes to it
         except (EOFError, OSError):
             return  # the parent is gone
         if kind == _STOP:
             return
-        if kind == REQUESTS:
-            reply = _answer_requests(model, recv_requests(conn, message[1]))
-        else:
-            reply = _answer_batch(model, read_arrays(conn, message[1]))
+        answer = _answer_requests if kind == REQUESTS else _answer_batch
+        reply = answer(model, batch)
         with channel.send_lock:  # whole: a BLS call from a model thread never cuts into it
             reply(conn)
+
+
+def _read_batch(conn: Connection, message: tuple[str, Any]) -> tuple[str, Any]:
+    """A message from the parent with what follows it: a stop, requests or a batch's arrays."""
+    kind, head = message
+    if kind == _STOP:
+        return kind, None
+    if kind == REQUESTS:
+        return kind, recv_requests(conn, head)
+    return kind, read_arrays(conn, head)
 
 
 Reply = Callable[[Connection], None]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from serval.backends import bls
-from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.backends.pipe_tensors import read_arrays, recv_tensors, send_tensors
 from serval.errors import BackendError, ModelNotFound, ServalError
 from serval.protocol.types import InferRequest, TensorDict
 
@@ -206,6 +206,37 @@ def test_a_reply_arriving_after_execute_returned_reaches_its_caller() -> None:
     main_loop.join(5)
     late.join(5)
     assert got == [("next-batch", None)] and answers == ["done late"]
+
+
+def test_a_late_call_waiting_for_its_reply_reads_the_next_batch_whole_for_the_main_loop() -> None:
+    """The late call's caller is the pipe's reader when the next batch comes down: it reads
+    the batch with its tensors (the payload) and leaves it to the main loop, then gets its own
+    reply. Before, it took the batch for a reply and the worker died on the pipe's bytes."""
+    child, parent = Pipe()
+
+    def payload(message: tuple[str, Any]) -> tuple[str, Any]:
+        return message[0], read_arrays(child, message[1]) if message[0] == "tensors" else None
+
+    channel = bls.ChildChannel(child, payload=payload)
+    answers: list[Any] = []
+    late = threading.Thread(target=lambda: answers.append(
+        channel.call("twice", None, {"X": np.ones(1)}, None, {}, 0)), daemon=True)
+    late.start()
+    _, head = parent.recv()
+    recv_tensors(parent)  # its inputs
+    while not channel._reading:  # the late caller reads the pipe, waiting for its reply
+        late.join(0.01)
+    send_tensors(parent, {"batch": np.arange(6, dtype=np.int32)})
+    got: list[Any] = []
+    main_loop = threading.Thread(target=lambda: got.append(channel.receive()), daemon=True)
+    main_loop.start()
+    main_loop.join(5)
+    parent.send((bls.REPLY, (head[0], None, True)))
+    send_tensors(parent, {"Y": np.full(1, 2.0)})
+    late.join(5)
+    assert [(kind, batch["batch"].tolist()) for kind, batch in got] == [
+        ("tensors", list(range(6)))]
+    assert [answer["Y"].tolist() for answer in answers] == [[2.0]]
 
 
 def test_a_call_without_a_caller_and_calls_waiting_when_the_pipe_closes() -> None:
