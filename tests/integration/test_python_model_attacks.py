@@ -210,6 +210,40 @@ def test_a_cycle_of_bls_calls_is_refused_not_wedged(server_factory: Factory,
     assert _unload(server, "ping").status == 200
 
 
+def test_a_client_cannot_make_a_models_bls_calls_look_like_a_cycle(server_factory: Factory,
+                                                                   tmp_path: Path) -> None:
+    """The models waiting on a call travel beside the request, not in its parameters: a
+    client's parameter of the old name is an ordinary parameter, and the batch it joins
+    (other clients' requests included) still calls the model it names."""
+    write(tmp_path, "ping", CALLS.replace("{other}", "echo"), CONFIG)
+    write(tmp_path, "echo", HEAD, CONFIG)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "echo").status == 200 and _load(server, "ping").status == 200
+    forged = {**X, "parameters": {"serval_bls_chain": '["echo"]'}}
+    reply = infer(server.url, "ping", forged)
+    assert reply.status == 200, reply.body
+    assert orjson.loads(reply.body)["outputs"][0]["data"] == [1.0, 2.0]
+
+
+def test_a_cycle_through_a_pipeline_is_refused_not_wedged(server_factory: Factory,
+                                                          tmp_path: Path) -> None:
+    write(tmp_path, "ping", CALLS.replace("{other}", "loop"), CONFIG)
+    (tmp_path / "loop" / "1").mkdir(parents=True)
+    (tmp_path / "loop" / "config.yaml").write_text(
+        "backend: pipeline\nmax_batch_size: 8\n"
+        "inputs: [{name: INPUT0, datatype: FP32, dims: [-1]}]\n"
+        "outputs: [{name: OUTPUT0, datatype: FP32, dims: [-1]}]\n"
+        "steps: [{model: ping, inputs: {INPUT0: INPUT0}, outputs: {OUTPUT0: OUTPUT0}}]\n")
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "ping").status == 200 and _load(server, "loop").status == 200
+    for model in ("ping", "loop", "ping"):
+        reply = infer(server.url, model, X)
+        assert reply.status == 400, reply.body
+        assert ("pipeline 'loop' step 1 calls model 'ping', which is waiting on this request "
+                "already" in reply.error), reply.error
+    assert _unload(server, "ping").status == 200
+
+
 def test_sys_exit_in_initialize_is_a_load_error_naming_it(server_factory: Factory,
                                                           tmp_path: Path) -> None:
     write(tmp_path, "exits", EXITS, CONFIG)

@@ -12,9 +12,9 @@ made together (`asyncio.gather` of `async_exec()`s, or threads calling `exec()`)
 together, as in Triton, and may share a batch of the model they call. (CANCEL, id) from the
 child stops a streamed call; its last reply is then the error CANCELLED_TEXT.
 
-A call's request carries the models waiting on it (CHAIN_PARAMETER, hidden from the called
-model's parameters()): a call to one of them is refused, since it would wait behind the very
-batch that waits on it (A calls B calls A: both wedged forever).
+A call's request carries the models waiting on it (InferRequest.waiting_models, which no
+client can set): a call to one of them is refused, since it would wait behind the very batch
+that waits on it (A calls B calls A: both wedged forever).
 
 Replies come back in any order and go to their callers by id. A child that reads its pipe on
 a thread of its own (a decoupled model's) hands them over (`deliver`); otherwise one waiting
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -45,7 +44,6 @@ Head = tuple[int, str, str | None, list[str] | None, dict[str, Any], int, bool]
 Reply = tuple[int, str | None, bool]  # call id, error (None: outputs follow), final
 Answer = TensorDict | str  # the outputs, or why there are none
 STOPPED = "the server stopped serving this model"
-CHAIN_PARAMETER = "serval_bls_chain"  # a call's request: the models waiting on it (JSON list)
 CANCELLED_TEXT = "the request was cancelled"
 
 
@@ -311,27 +309,17 @@ class ParentCalls:
 
     def _request(self, head: Head, inputs: TensorDict, waiting: frozenset[str]
                  ) -> InferRequest:
-        outputs, parameters = head[3], dict(head[4])
-        if self._own:  # the called model's own calls are refused to these
-            parameters[CHAIN_PARAMETER] = json.dumps(sorted(waiting | {self._own}))
-        return InferRequest(inputs, parameters=parameters,
+        outputs = head[3]
+        return InferRequest(inputs, parameters=dict(head[4]),
                             outputs=None if outputs is None
-                            else [RequestedOutput(name) for name in outputs])
+                            else [RequestedOutput(name) for name in outputs],
+                            # the called model's own calls are refused to these
+                            waiting_models=waiting | {self._own} if self._own else waiting)
 
 
 def waiting_on(requests: Sequence[InferRequest]) -> frozenset[str]:
-    """The models waiting on these requests (BLS calls' CHAIN_PARAMETER; none from a
-    client)."""
-    names: set[str] = set()
-    for request in requests:
-        value = request.parameters.get(CHAIN_PARAMETER)
-        try:
-            chain = json.loads(value) if isinstance(value, str) else None
-        except ValueError:
-            continue
-        if isinstance(chain, list):
-            names.update(name for name in chain if isinstance(name, str))
-    return frozenset(names)
+    """The models waiting on these requests (BLS calls'; none from a client)."""
+    return frozenset().union(*(request.waiting_models for request in requests))
 
 
 def _cycle(model: str, own: str) -> str:

@@ -83,10 +83,17 @@ class Pipeline:
                     request: InferRequest | None = None) -> TensorDict:
         """Run the steps in order; a step's error is answered as the pipeline's (in_step)."""
         tensors = dict(inputs)
+        waiting = request.waiting_models if request else frozenset()
         for index, step in enumerate(self.steps, start=1):
+            if step.model in waiting:  # a BLS call led here from that model's running batch
+                raise InvalidInput(
+                    f"pipeline '{self.name}' step {index} calls model '{step.model}', which is "
+                    "waiting on this request already (it called the pipeline, directly or "
+                    "through other models): calling it back would wait forever")
             step_request = InferRequest(
                 {step_input: tensors[tensor] for step_input, tensor in step.inputs.items()},
                 outputs=[RequestedOutput(output) for output in step.outputs],
+                waiting_models=waiting,
             )
             started_ns = time.perf_counter_ns()
             try:

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from serval.backends import bls
 from serval.backends import triton_utils as pb_utils
 from serval.backends.base import ModelMetadata, ModelResponse, ModelVersionSpec, StreamRequest
 from serval.backends.model_code import MODEL_EXITS, model_exception
@@ -41,7 +40,6 @@ UTILS_MODULE = "triton_python_backend_utils"
 RESERVED_PARAMETERS = frozenset({
     "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
     "binary_data_output", "binary_data", "binary_data_size", "headers",
-    bls.CHAIN_PARAMETER,
 })
 
 

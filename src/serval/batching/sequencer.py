@@ -276,8 +276,10 @@ class Sequencer:
             inputs.update({name: array[index:index + 1] if self._batched else array
                            for name, array in server.items()})
             asked = step.request
-            requests.append(InferRequest(inputs, id=asked.id if asked else None,
-                                         parameters=asked.parameters if asked else {}))
+            requests.append(InferRequest(
+                inputs, id=asked.id if asked else None,
+                parameters=asked.parameters if asked else {},
+                waiting_models=asked.waiting_models if asked else frozenset()))
         steps = [by_id[sequence.id] for _, sequence in live]
         merged_ns = self._clock()
         results = await self._compute(self._engine.infer_requests, requests, steps)

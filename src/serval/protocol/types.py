@@ -66,6 +66,9 @@ class InferRequest:
     binary_output: bool = False
     shared_memory_inputs: dict[str, SharedMemoryInput] = field(default_factory=dict)
     trace: Any = None  # observability.trace.Trace when this request is sampled for tracing
+    # the models whose running batches wait on this request: set by a BLS call (backends/bls.py)
+    # and carried by the steps it leads to, never by a client
+    waiting_models: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
