@@ -177,8 +177,8 @@ class Batcher:
         if deadline_ns is None:
             return
         now_ns = self._clock()
-        if not self._queue and not self._running and deadline_ns > now_ns:
-            # An idle engine takes the request whatever its measure says: a batch that ran
+        if not self._queue and self._running < self._instances and deadline_ns > now_ns:
+            # A free engine takes the request whatever its measure says: a batch that ran
             # long once (a model that hung, then went on) would otherwise be refused on every
             # short deadline for ever, since only an admitted batch measures it again.
             return
