@@ -76,13 +76,24 @@ def check_sequence_model(metadata: ModelMetadata, settings: SequenceBatchingConf
 
 
 def check_corrid(settings: SequenceBatchingConfig, sequence_id: SequenceId, model: str) -> None:
-    """InvalidInput when the model's CORRID control cannot carry this sequence id."""
+    """InvalidInput when the model's CORRID control cannot carry this sequence id: a string
+    for an integer CORRID, an integer past its datatype's range (numpy would refuse it in
+    the batch, failing every sequence sharing it)."""
     for control in settings.controls:
-        if control.kind == "corrid" and control.datatype != "BYTES" and isinstance(
-                sequence_id, str):
+        if control.kind != "corrid" or control.datatype == "BYTES":
+            continue
+        if isinstance(sequence_id, str):
             raise InvalidInput(f"model '{model}' takes integer sequence ids (its CORRID "
                                f"control is {control.datatype}); got the string "
                                f"{sequence_id[:64]!r}")
+        dtype = numpy_dtype(control.datatype)
+        if dtype.kind not in "iu":
+            continue  # a float CORRID (config.yaml) takes any id, rounded
+        largest = int(np.iinfo(dtype).max)
+        if sequence_id > largest:
+            raise InvalidInput(f"parameter 'sequence_id' {sequence_id} is out of range for "
+                               f"model '{model}': its CORRID control is {control.datatype}, "
+                               f"ids 1 to {largest}")
 
 
 def control_tensors(controls: list[SequenceControl], rows: list[Row | None], batched: bool

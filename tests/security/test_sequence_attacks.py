@@ -1,0 +1,126 @@
+"""Attacks on sequence batching (Triton's sequence_batcher) on a real server, over HTTP and
+gRPC: correlation ids a CORRID control cannot carry, ids of any size, and a model that must
+keep serving every other client's sequences after each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import RunningServer
+from tests.triton_examples import write_model
+
+httpclient = pytest.importorskip("tritonclient.http")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+TRANSPORTS = ["http", "grpc"]
+BAD = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+ONE = np.ones((1, 1), np.int32)
+CORRID_TYPES = {"INT32": TensorProto.INT32, "UINT32": TensorProto.UINT32,
+                "INT64": TensorProto.INT64}
+
+
+def _control(name: str, kind: str) -> str:
+    return (f'  {{ name: "{name}" control [ {{ kind: CONTROL_SEQUENCE_{kind} '
+            "int32_false_true: [ 0, 1 ] } ] }")
+
+
+def _corrid_model(root: Path, datatype: str) -> None:
+    """corrid_<type>: OUTPUT = INPUT + START, plus the CORRID (cast to INT32) on the END step;
+    its CORRID control is `datatype`."""
+    name = f"corrid_{datatype.lower()}"
+    io = [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", 1])
+          for n in ("INPUT", "START", "END", "OUTPUT")]
+    corrid = helper.make_tensor_value_info("CORRID", CORRID_TYPES[datatype], ["batch", 1])
+    nodes = [helper.make_node("Cast", ["CORRID"], ["corrid"], to=TensorProto.INT32),
+             helper.make_node("Mul", ["END", "corrid"], ["last"]),
+             helper.make_node("Add", ["INPUT", "START"], ["sum"]),
+             helper.make_node("Add", ["sum", "last"], ["OUTPUT"])]
+    graph = helper.make_graph(nodes, name, [*io[:3], corrid], [io[3]])
+    controls = ",\n".join([_control("START", "START"), _control("END", "END"),
+                           f'  {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID '
+                           f"data_type: TYPE_{datatype} }} ] }}"])
+    config = (f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+              "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n"
+              f"  control_input [\n{controls}\n  ]\n}}\n"
+              'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+              'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    write_model(root, name, graph, config)
+
+
+def _plain_model(root: Path) -> None:
+    """plain: OUTPUT = INPUT + START, no CORRID (any id, integer or string, will do)."""
+    io = [helper.make_tensor_value_info(n, TensorProto.INT32, ["batch", 1])
+          for n in ("INPUT", "START", "OUTPUT")]
+    graph = helper.make_graph([helper.make_node("Add", ["INPUT", "START"], ["OUTPUT"])],
+                              "plain", io[:2], io[2:])
+    config = ('name: "plain"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+              "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n"
+              f"  control_input [\n{_control('START', 'START')}\n  ]\n}}\n"
+              'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+              'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    write_model(root, "plain", graph, config)
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Callable[..., RunningServer],
+           tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("sequence-attacks")
+    for datatype in CORRID_TYPES:
+        _corrid_model(root, datatype)
+    _plain_model(root)
+    return server_factory(root)
+
+
+def _client(server: RunningServer, transport: str) -> Any:
+    if transport == "http":
+        return httpclient.InferenceServerClient(server.url, network_timeout=20.0)
+    return grpcclient.InferenceServerClient(server.grpc_url)
+
+
+def _step(client: Any, transport: str, model: str, value: int = 1, **sequence: Any) -> int:
+    module = httpclient if transport == "http" else grpcclient
+    tensor = module.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.full((1, 1), value, np.int32))
+    extra = {"client_timeout": 20.0} if transport == "grpc" else {}
+    result = client.infer(model, [tensor], **sequence, **extra)
+    return int(result.as_numpy("OUTPUT").flat[0])
+
+
+def _refused(call: Callable[[], object], transport: str, *words: str) -> str:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    message = str(caught.value.message())
+    assert str(caught.value.status()) == BAD[transport], message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize(("datatype", "too_big"), [("INT32", 2**31), ("UINT32", 2**32),
+                                                   ("INT64", 2**63)])
+def test_an_id_its_corrid_cannot_carry_is_refused_and_the_model_serves_on(
+        server: RunningServer, transport: str, datatype: str, too_big: int) -> None:
+    """A sequence id past the CORRID control's range was accepted, then failed to convert in
+    the consumer task, which died: every later request of the model hung for ever."""
+    if transport == "grpc" and too_big >= 2**63:
+        pytest.skip("tritonclient sends an integer id as int64_param")
+    client = _client(server, transport)
+    model = f"corrid_{datatype.lower()}"
+    _refused(lambda: _step(client, transport, model, sequence_id=too_big,
+                           sequence_start=True), transport,
+             str(too_big), datatype, str(too_big - 1))
+    largest = too_big - 1  # the top of the range is fine (its low bits reach OUTPUT)
+    _step(client, transport, model, sequence_id=largest, sequence_start=True,
+          sequence_end=True)
+    assert _step(client, transport, model, 5, sequence_id=7, sequence_start=True) == 6
+    assert _step(client, transport, model, 5, sequence_id=7, sequence_end=True) == 12
