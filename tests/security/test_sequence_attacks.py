@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import RunningServer
+from tests.integration.http_helpers import infer
 from tests.triton_examples import write_model
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -124,3 +125,23 @@ def test_an_id_its_corrid_cannot_carry_is_refused_and_the_model_serves_on(
           sequence_end=True)
     assert _step(client, transport, model, 5, sequence_id=7, sequence_start=True) == 6
     assert _step(client, transport, model, 5, sequence_id=7, sequence_end=True) == 12
+
+
+def test_a_huge_string_id_is_refused_without_echoing_it(server: RunningServer) -> None:
+    """A 1 MB string id was taken, kept in the live table (and 4096 of them among the
+    expired ids, 4 GiB) and echoed whole in errors."""
+    huge = "x" * (1 << 20)
+    for flags in ({"sequence_start": True}, {}):
+        doc = {"parameters": {"sequence_id": huge, **flags},
+               "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1],
+                           "data": [1]}]}
+        reply = infer(server.url, "plain", doc)
+        assert reply.status == 400, reply.body[:200]
+        assert len(reply.body) < 1000
+        assert "sequence_id" in reply.error and "1024 bytes" in reply.error, reply.error
+    client = _client(server, "grpc")
+    _refused(lambda: _step(client, "grpc", "plain", sequence_id="é" * 513,
+                           sequence_start=True), "grpc", "1024 bytes")
+    longest = "é" * 512  # 1024 bytes of UTF-8
+    assert _step(client, "grpc", "plain", sequence_id=longest, sequence_start=True,
+                 sequence_end=True) == 2

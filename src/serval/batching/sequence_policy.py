@@ -17,6 +17,9 @@ from serval.protocol.types import InferRequest, TensorDict
 SequenceId = int | str
 Strategy = Literal["direct", "oldest"]
 _FORGOTTEN_IDS = 4096  # expired ids remembered, to tell a late request what happened
+# A string id is kept while its sequence lives, remembered after it expires and echoed in
+# errors: bounded, so neither holds more than a few MiB whatever clients send.
+MAX_STRING_ID_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,10 @@ def sequence_flags(parameters: Mapping[str, Any], model: str) -> SequenceFlags:
     elif not isinstance(raw_id, str):
         raise InvalidInput("parameter 'sequence_id' must be an unsigned integer or a string, "
                            f"not {type(raw_id).__name__}")
+    elif len(raw_id) > MAX_STRING_ID_BYTES // 4 and (
+            size := len(raw_id.encode("utf-8", "surrogatepass"))) > MAX_STRING_ID_BYTES:
+        raise InvalidInput(f"parameter 'sequence_id' is a string of {size} bytes; a string "
+                           f"id is at most {MAX_STRING_ID_BYTES} bytes (UTF-8)")
     flags = []
     for name in ("sequence_start", "sequence_end"):
         value = parameters.get(name, False)
