@@ -11,7 +11,7 @@ import numpy as np
 
 from serval.backends.base import LoadedModel, ModelMetadata
 from serval.batching.sequence_policy import SequenceFlags, SequenceId
-from serval.errors import ConfigError, InvalidInput
+from serval.errors import BackendError, ConfigError, InvalidInput
 from serval.model_config import SequenceBatchingConfig, SequenceControl
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
@@ -152,14 +152,22 @@ def state_inputs(settings: SequenceBatchingConfig, rows: list[Row | None], batch
     return tensors
 
 
-def row_states(settings: SequenceBatchingConfig, outputs: TensorDict, row: int, batched: bool
-               ) -> TensorDict:
-    """One row's new state (by state input name), copied out of the batch's state outputs."""
+def row_states(settings: SequenceBatchingConfig, outputs: TensorDict, row: int, batched: bool,
+               model: str = "") -> TensorDict:
+    """One row's new state (by state input name), copied out of the batch's state outputs;
+    BackendError where one is not shaped as the config's dims (a model whose state follows
+    an input's shape): kept, it would break every batch it joined."""
     kept: TensorDict = {}
     for state in settings.states:
         array = outputs[state.output_name]
-        piece = array[row:row + 1] if batched else array.reshape((1, *state.dims))
-        kept[state.input_name] = np.array(piece, copy=True)
+        dims = tuple(state.dims)
+        piece = array[row:row + 1] if batched else array
+        if piece.size != int(np.prod(dims)):
+            shape = list(piece.shape[1:] if batched else piece.shape)
+            raise BackendError(f"model '{model}' returned state output '{state.output_name}' "
+                               f"shaped {shape}; its sequence_batching state dims are "
+                               f"{list(dims)}")
+        kept[state.input_name] = np.array(piece.reshape((1, *dims)), copy=True)
     return kept
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,13 @@ from serval.batching.sequence_tensors import (
     row_states,
     state_inputs,
 )
-from serval.errors import BackendError, InvalidInput, Overloaded, ServalError, ServerUnavailable
+from serval.errors import (
+    BackendError,
+    InvalidInput,
+    Overloaded,
+    ServalError,
+    ServerUnavailable,
+)
 from serval.model_config import SequenceBatchingConfig
 from serval.protocol.types import InferRequest, TensorDict
 from serval.stats import ModelStats
@@ -44,6 +51,7 @@ from serval.stats import ModelStats
 Clock = Callable[[], int]
 Batch = TypeVar("Batch")  # what the engine takes: a batch's tensors, or its requests
 Result = TypeVar("Result")
+log = logging.getLogger(__name__)
 
 
 class Sequencer:
@@ -238,8 +246,25 @@ class Sequencer:
             await asyncio.wait_for(self._wakeup.wait(), timeout_ns / 1e9)
 
     async def _run(self, picked: list[LiveSequence]) -> None:
-        """One batch: each picked sequence's next step, controls and states filled in."""
+        """One batch: each picked sequence's next step. Whatever fails fails this batch's
+        steps, never the consumer task (which every later step of the model waits on)."""
         steps = [sequence.steps.popleft() for sequence in picked]
+        await self._run_steps(picked, steps)
+
+    async def _run_steps(self, picked: list[LiveSequence], steps: list[SequenceStep]) -> None:
+        try:
+            await self._run_batch(picked, steps)
+        except asyncio.CancelledError:
+            _fail(steps, ServerUnavailable("the model was unloaded while running"))
+            raise
+        except ServalError as exc:
+            _fail(steps, exc)
+        except Exception:
+            log.exception("model '%s': a sequence batch failed", self._stats.name)
+            _fail(steps, BackendError(f"model '{self._stats.name}' failed to run the batch"))
+
+    async def _run_batch(self, picked: list[LiveSequence], steps: list[SequenceStep]) -> None:
+        """Controls and states filled in; the engine's answer settles each step."""
         now_ns = self._clock()
         for step in steps:
             self._stats.record_queue(now_ns - step.enqueued_ns)
@@ -254,11 +279,11 @@ class Sequencer:
         inputs = padded_inputs([None if s is None else by_id[s.id].inputs for s in rows])
         inputs.update(server)
         merged_ns = self._clock()
-        outputs = await self._compute(self._engine.infer, inputs, steps)
-        if outputs is None:
-            return
+        outputs = await self._compute(self._engine.infer, inputs)
         computed_ns = self._clock()
-        self._answer(rows, by_id, outputs)
+        for index, sequence in enumerate(rows):
+            if sequence is not None:
+                self._settle(sequence, by_id[sequence.id], outputs, index)
         self._stats.record_execution(len(rows), len(steps), merged_ns - now_ns,
                                      computed_ns - merged_ns, self._clock() - computed_ns)
 
@@ -282,13 +307,10 @@ class Sequencer:
                 waiting_models=asked.waiting_models if asked else frozenset()))
         steps = [by_id[sequence.id] for _, sequence in live]
         merged_ns = self._clock()
-        results = await self._compute(self._engine.infer_requests, requests, steps)
-        if results is None:
-            return
+        results = await self._compute(self._engine.infer_requests, requests)
         if len(results) != len(requests):
-            _fail(steps, BackendError(f"model '{self._stats.name}' answered {len(results)} "
-                                      f"of a batch of {len(requests)} requests"))
-            return
+            raise BackendError(f"model '{self._stats.name}' answered {len(results)} of a "
+                               f"batch of {len(requests)} requests")
         computed_ns = self._clock()
         for (_, sequence), step, result in zip(live, steps, results, strict=True):
             missing = [] if isinstance(result, ServalError) else [
@@ -296,36 +318,30 @@ class Sequencer:
             if missing:  # an engine's tensors have them all (checked at load); a model's may not
                 result = BackendError(f"model '{self._stats.name}' returned no state output "
                                       f"'{missing[0]}'")
-            if isinstance(result, ServalError):
-                _fail([step], result)  # its state stays as it was
-                continue
-            self._settle(sequence, step, result, 0)
+            try:
+                if isinstance(result, ServalError):
+                    raise result
+                self._settle(sequence, step, result, 0)
+            except ServalError as exc:
+                _fail([step], exc)  # its state stays as it was
         self._stats.record_execution(len(rows), len(steps), merged_ns - started_ns,
                                      computed_ns - merged_ns, self._clock() - computed_ns)
 
-    async def _compute(self, call: Callable[[Batch], Result], batch: Batch,
-                       steps: list[SequenceStep]) -> Result | None:
-        """`call(batch)` on an engine thread; None when the engine failed (the steps fail)."""
+    async def _compute(self, call: Callable[[Batch], Result], batch: Batch) -> Result:
+        """`call(batch)` on an engine thread; an engine's own failure is a BackendError."""
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, call, batch)
-        except asyncio.CancelledError:
-            _fail(steps, ServerUnavailable("the model was unloaded while running"))
+        except (ServalError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # the engine's own failure: this batch's steps fail
-            _fail(steps, exc if isinstance(exc, ServalError) else BackendError(
-                f"model '{self._stats.name}' failed to run the batch"))
-            return None
-
-    def _answer(self, rows: list[LiveSequence | None], by_id: dict[SequenceId, SequenceStep],
-                outputs: TensorDict) -> None:
-        for index, sequence in enumerate(rows):
-            if sequence is not None:
-                self._settle(sequence, by_id[sequence.id], outputs, index)
+        except Exception as exc:
+            raise BackendError(f"model '{self._stats.name}' failed to run the batch") from exc
 
     def _settle(self, sequence: LiveSequence, step: SequenceStep, outputs: TensorDict,
                 index: int) -> None:
-        """Row `index` of `outputs` answers the step; its state outputs are kept, hidden."""
-        sequence.state = row_states(self._settings, outputs, index, self._batched)
+        """Row `index` of `outputs` answers the step; its state outputs are kept, hidden
+        (BackendError, the state as it was, where one is not shaped as the config says)."""
+        sequence.state = row_states(self._settings, outputs, index, self._batched,
+                                    self._stats.name)
         if step.flags.end:
             self._end(sequence)
         if step.future.done():

@@ -1,14 +1,29 @@
 """Sequence batching against hostile ids and careless models, below the server: string ids
-bounded in bytes, integer ids checked against the CORRID control's range."""
+bounded in bytes, integer ids checked against the CORRID control's range; over real ONNX
+Runtime sessions, one sequence's failure stays its own and the consumer task survives it."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from serval.backends.base import ModelVersionSpec
+from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.batching.sequence_policy import MAX_STRING_ID_BYTES, sequence_flags
 from serval.batching.sequence_tensors import check_corrid
-from serval.errors import InvalidInput
+from serval.batching.sequencer import Sequencer
+from serval.errors import BackendError, InvalidInput
 from serval.model_config import SequenceBatchingConfig, SequenceControl
+from serval.protocol.types import InferRequest
+from serval.repository.triton_config import load_pbtxt
+from serval.stats import ModelStats
+from tests.triton_examples import write_model
 
 pytestmark = pytest.mark.unit
 
@@ -38,3 +53,63 @@ def test_a_float_or_string_corrid_takes_any_integer_id() -> None:
         settings = SequenceBatchingConfig(controls=[SequenceControl(
             name="CORRID", kind="corrid", datatype=datatype)])
         check_corrid(settings, 2**64 - 1, "m")
+
+
+# --- the Sequencer over real ONNX Runtime sessions --------------------------------------------
+
+def _model(root: Path, name: str, graph: onnx.GraphProto, pbtxt_body: str) -> Sequencer:
+    write_model(root, name, graph, f'name: "{name}"\nplatform: "onnxruntime_onnx"\n'
+                + pbtxt_body)
+    config = load_pbtxt(root / name)
+    assert config.sequence_batching is not None
+    spec = ModelVersionSpec(name, "1", root / name / "1", config)
+    engine = OnnxRuntimeBackend(cores=1).load(spec)
+    return Sequencer(engine, config.sequence_batching, ModelStats(name, "1"))
+
+
+def _growing(root: Path) -> Sequencer:
+    """Not batched: STATE_OUT = STATE_IN + INPUT, INPUT any length, the state dims [1]: a
+    longer INPUT makes a state the config does not describe."""
+    nodes = [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
+             helper.make_node("Identity", ["STATE_OUT"], ["OUTPUT"])]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "growing",
+        [helper.make_tensor_value_info("INPUT", f32, ["n"]),
+         helper.make_tensor_value_info("STATE_IN", f32, [1])],
+        [helper.make_tensor_value_info("OUTPUT", f32, ["m"]),
+         helper.make_tensor_value_info("STATE_OUT", f32, ["m"])])
+    return _model(root, "growing", graph, (
+        "max_batch_size: 0\nsequence_batching {\n  max_sequence_idle_microseconds: 5000000\n"
+        '  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 '
+        "dims: [ 1 ] } ]\n}\n"
+        'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'))
+
+
+async def _infer(sequencer: Sequencer, array: np.ndarray, **parameters: Any) -> np.ndarray:
+    inputs = {"INPUT": array}
+    request = InferRequest(inputs, parameters=parameters)
+    outputs = await asyncio.wait_for(sequencer.infer(inputs, None, request), 10)
+    return outputs["OUTPUT"]
+
+
+def test_a_state_the_config_does_not_describe_fails_its_step_not_the_model(
+        tmp_path: Path) -> None:
+    """A state output of 3 values where the config says [1] raised in the consumer task,
+    which died: that step and every later one of the model waited for ever."""
+    async def main() -> None:
+        sequencer = _growing(tmp_path)
+        with pytest.raises(BackendError, match=r"state output 'STATE_OUT' shaped \[3\]; its "
+                                               r"sequence_batching state dims are \[1\]"):
+            await _infer(sequencer, np.ones(3, np.float32), sequence_id=1, sequence_start=True)
+        # the failed step left sequence 1's state as it was (the initial zeros)
+        assert (await _infer(sequencer, np.full(1, 4.0, np.float32), sequence_id=1,
+                             sequence_end=True)).tolist() == [4.0]
+        assert (await _infer(sequencer, np.full(1, 2.0, np.float32), sequence_id=2,
+                             sequence_start=True)).tolist() == [2.0]
+        assert (await _infer(sequencer, np.full(1, 3.0, np.float32), sequence_id=2,
+                             sequence_end=True)).tolist() == [5.0]
+        await sequencer.close()
+
+    asyncio.run(main())
