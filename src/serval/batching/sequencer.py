@@ -39,6 +39,7 @@ from serval.batching.sequence_tensors import (
 )
 from serval.errors import (
     BackendError,
+    EngineRejectedInput,
     InvalidInput,
     Overloaded,
     ServalError,
@@ -257,6 +258,13 @@ class Sequencer:
         except asyncio.CancelledError:
             _fail(steps, ServerUnavailable("the model was unloaded while running"))
             raise
+        except EngineRejectedInput as exc:
+            if len(steps) == 1:
+                _fail(steps, exc)
+                return
+            # one sequence's values must not fail the others' steps: each runs alone
+            for sequence, step in zip(picked, steps, strict=True):
+                await self._run_steps([sequence], [step])
         except ServalError as exc:
             _fail(steps, exc)
         except Exception:

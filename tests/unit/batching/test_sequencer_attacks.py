@@ -18,7 +18,7 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.batching.sequence_policy import MAX_STRING_ID_BYTES, sequence_flags
 from serval.batching.sequence_tensors import check_corrid
 from serval.batching.sequencer import Sequencer
-from serval.errors import BackendError, InvalidInput
+from serval.errors import BackendError, EngineRejectedInput, InvalidInput
 from serval.model_config import SequenceBatchingConfig, SequenceControl
 from serval.protocol.types import InferRequest
 from serval.repository.triton_config import load_pbtxt
@@ -67,6 +67,26 @@ def _model(root: Path, name: str, graph: onnx.GraphProto, pbtxt_body: str) -> Se
     return Sequencer(engine, config.sequence_batching, ModelStats(name, "1"))
 
 
+def _lookup(root: Path) -> Sequencer:
+    """OUTPUT = TABLE[INPUT] + START (a 4-row table: an index past 3 is the client's error)."""
+    table = helper.make_tensor("TABLE", TensorProto.FLOAT, [4], [10.0, 20.0, 30.0, 40.0])
+    nodes = [helper.make_node("Gather", ["TABLE", "INPUT"], ["row"]),
+             helper.make_node("Cast", ["START"], ["start"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["row", "start"], ["OUTPUT"])]
+    graph = helper.make_graph(
+        nodes, "lookup",
+        [helper.make_tensor_value_info("INPUT", TensorProto.INT64, ["batch", 1]),
+         helper.make_tensor_value_info("START", TensorProto.INT32, ["batch", 1])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", 1])],
+        initializer=[table])
+    return _model(root, "lookup", graph, (
+        "max_batch_size: 4\nsequence_batching {\n  max_sequence_idle_microseconds: 5000000\n"
+        '  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START '
+        "int32_false_true: [ 0, 1 ] } ] } ]\n}\n"
+        'input [ { name: "INPUT" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'))
+
+
 def _growing(root: Path) -> Sequencer:
     """Not batched: STATE_OUT = STATE_IN + INPUT, INPUT any length, the state dims [1]: a
     longer INPUT makes a state the config does not describe."""
@@ -92,6 +112,26 @@ async def _infer(sequencer: Sequencer, array: np.ndarray, **parameters: Any) -> 
     request = InferRequest(inputs, parameters=parameters)
     outputs = await asyncio.wait_for(sequencer.infer(inputs, None, request), 10)
     return outputs["OUTPUT"]
+
+
+def test_one_sequences_bad_values_do_not_fail_its_batch_mates(tmp_path: Path) -> None:
+    """An index out of the table in one sequence's step failed every step of its batch
+    (other clients' sequences) with that client's error."""
+    async def main() -> None:
+        sequencer = _lookup(tmp_path)
+        good, bad = np.array([[2]], np.int64), np.array([[9]], np.int64)
+        results = await asyncio.gather(
+            _infer(sequencer, good, sequence_id=1, sequence_start=True),
+            _infer(sequencer, bad, sequence_id=2, sequence_start=True),
+            _infer(sequencer, good, sequence_id=3, sequence_start=True),
+            return_exceptions=True)
+        assert [r.tolist() if isinstance(r, np.ndarray) else r for r in results[::2]] == [
+            [[31.0]], [[31.0]]]
+        assert isinstance(results[1], EngineRejectedInput), results[1]
+        assert (await _infer(sequencer, good, sequence_id=2)).tolist() == [[30.0]]
+        await sequencer.close()
+
+    asyncio.run(main())
 
 
 def test_a_state_the_config_does_not_describe_fails_its_step_not_the_model(
