@@ -122,6 +122,8 @@ class Sequencer:
         if flags.start and len(self._table.live) >= self._table.capacity:
             self.expire_idle()  # a new sequence may find a slot an idle one held
         sequence = await self._admit(flags, deadline_ns)
+        if self._closed:  # closed while this step waited for its sequence's start
+            raise ServerUnavailable("the model is being unloaded")
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
                                            self._clock(), deadline_ns, request))
@@ -173,6 +175,8 @@ class Sequencer:
             finally:
                 with contextlib.suppress(ValueError):
                     self._slot_waiters.remove(waiter)
+            if self._closed:  # close() freed every slot: taking one would queue a step for ever
+                raise ServerUnavailable("the model is being unloaded")
             sequence = self._table.admit(flags, self._clock())
             if sequence is not None:
                 return sequence

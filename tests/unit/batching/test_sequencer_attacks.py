@@ -18,7 +18,7 @@ from serval.backends.onnxruntime import OnnxRuntimeBackend
 from serval.batching.sequence_policy import MAX_STRING_ID_BYTES, sequence_flags
 from serval.batching.sequence_tensors import check_corrid
 from serval.batching.sequencer import Sequencer
-from serval.errors import BackendError, EngineRejectedInput, InvalidInput
+from serval.errors import BackendError, EngineRejectedInput, InvalidInput, ServerUnavailable
 from serval.model_config import SequenceBatchingConfig, SequenceControl
 from serval.protocol.types import InferRequest
 from serval.repository.triton_config import load_pbtxt
@@ -151,5 +151,23 @@ def test_a_state_the_config_does_not_describe_fails_its_step_not_the_model(
         assert (await _infer(sequencer, np.full(1, 3.0, np.float32), sequence_id=2,
                              sequence_end=True)).tolist() == [5.0]
         await sequencer.close()
+
+    asyncio.run(main())
+
+
+def test_a_start_waiting_for_a_slot_fails_when_the_model_closes(tmp_path: Path) -> None:
+    """close() woke the STARTs waiting for a slot, which then took one of the slots it had
+    just freed and queued a step no consumer would run: the request hung."""
+    async def main() -> None:
+        sequencer = _growing(tmp_path)  # not batched, one instance: one slot
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
+                                               sequence_start=True))
+        while not sequencer.waiting_starts:
+            await asyncio.sleep(0.001)
+        await sequencer.close()
+        with pytest.raises(ServerUnavailable):
+            await asyncio.wait_for(waiting, 5)
 
     asyncio.run(main())
