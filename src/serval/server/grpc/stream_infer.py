@@ -11,7 +11,10 @@ name the request (id, model).
 Bounds: at most `slots` requests of a stream are running or unsent (a slot is taken before a
 request is read and given back with its last response), so a client that does not read stops
 having its requests read; a decoupled request has one response here waiting to be sent and at
-most its window waiting in its channel, beyond which its model's sender waits. The stream's
+most its window waiting in its channel, beyond which its model's sender waits. The windows of
+a stream's decoupled requests come from one budget (`STREAM_WINDOW` responses, each request
+at least `MIN_WINDOW`): 128 requests each with a window of its own held 128 x 65 responses
+for a client that read none (877 MB at 100 kB each). The stream's
 deadline (grpc-timeout) ends the call with DEADLINE_EXCEEDED; when the call ends early
 (cancelled, connection lost, deadline) every request still running is cancelled.
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from serval.batching.responses import DEFAULT_WINDOW
 from serval.dataplane import DataPlane
 from serval.errors import ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
@@ -38,9 +43,11 @@ FINAL_RESPONSE = "triton_final_response"  # a stream answer's parameter: the req
 EMPTY_FINAL = "triton_enable_empty_final_response"  # a request's: answer a bare final flag
 # (message or None: nothing to send, last of its request, set once it is handed on)
 Outgoing = tuple[Answer | None, bool, asyncio.Future[None] | None]
+STREAM_WINDOW = 128  # responses a stream's decoupled requests may hold untaken, together
+MIN_WINDOW = 2  # a request's own, whatever the others hold (1 would stall on every ack)
 
 
-Stream = Callable[[Any], AsyncGenerator[StreamedResponse, None]]
+Stream = Callable[..., AsyncGenerator[StreamedResponse, None]]  # (request[, window=])
 
 
 class StreamCall:
@@ -48,7 +55,8 @@ class StreamCall:
 
     `ordered(request)` is a request's one answer (a model that is not decoupled, or an error),
     `decoupled(request)` says which a request is (a bool, or an awaitable when that takes a
-    load), `stream(request)` runs a decoupled one.
+    load), `stream(request[, window=])` runs a decoupled one (its window lent from the
+    stream's budget when it takes one).
 
     Every request of a stream passes here, so the bookkeeping is plain counters, a deque and
     single waiters rather than asyncio's Semaphore and Queue (pure Python, several calls each)."""
@@ -70,6 +78,8 @@ class StreamCall:
         self._tasks: set[asyncio.Task[None]] = set()
         self._previous: asyncio.Future[None] | None = None  # the last ordered answer is out
         self._started = 0
+        self._windowed = "window" in inspect.signature(stream).parameters
+        self._lent = 0  # of STREAM_WINDOW, to the decoupled requests running
 
     async def answers(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Answer, None]:
         reader = asyncio.create_task(self._read(requests))
@@ -177,8 +187,12 @@ class StreamCall:
     async def _stream(self, request: Any) -> None:
         """A decoupled request's responses, each handed on before the next is taken."""
         final = False
+        window = max(MIN_WINDOW, min(DEFAULT_WINDOW, STREAM_WINDOW - self._lent))
+        self._lent += window
         try:
-            async with contextlib.aclosing(self._run_stream(request)) as stream:
+            responses = (self._run_stream(request, window=window) if self._windowed
+                         else self._run_stream(request))
+            async with contextlib.aclosing(responses) as stream:
                 async for item in stream:
                     final = item.final
                     await self._hand_on(_stream_answer(request, item), final)
@@ -191,6 +205,8 @@ class StreamCall:
         else:
             if not final:  # cannot happen: a stream ends with its final response
                 await self._hand_on(None, True)
+        finally:
+            self._lent -= window
 
     async def _hand_on(self, message: Answer | None, last: bool) -> None:
         handed_on = self._loop.create_future()
@@ -198,11 +214,12 @@ class StreamCall:
         await handed_on
 
 
-def decoupled_stream(dataplane: DataPlane, request: Any
+def decoupled_stream(dataplane: DataPlane, request: Any, window: int = DEFAULT_WINDOW
                      ) -> AsyncGenerator[StreamedResponse, None]:
-    """A decoupled request's responses through the data plane (StreamCall's `stream`)."""
+    """A decoupled request's responses through the data plane (StreamCall's `stream`), at most
+    `window` of them untaken."""
     return infer_stream(dataplane, request.model_name, request.model_version or None,
-                        decode_infer_request(request), time.perf_counter_ns())
+                        decode_infer_request(request), time.perf_counter_ns(), window=window)
 
 
 async def model_is_decoupled(dataplane: DataPlane, request: Any) -> bool:

@@ -1,0 +1,181 @@
+"""Hostile and slow clients of the streaming paths (gRPC ModelStreamInfer, generate_stream) on a
+real server: what a decoupled model may hold for a client that does not read, and that the
+next client is served."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from tests.conftest import RunningServer
+from tests.triton_python_models import write_pbtxt
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 60.0
+STREAM_WINDOW, MIN_WINDOW = 128, 2  # as server/grpc/stream_infer.py lends them
+
+# N responses of SIZE bytes each, sent from a thread per request as fast as the sender takes
+# them; every send counted in one file (the total of all requests), `done-ID` once it ends.
+FLOOD = '''
+import threading
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = Path(args["model_repository"])
+        self.lock = threading.Lock()
+        self.sent = 0
+
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            size = int(pb_utils.get_input_tensor_by_name(request, "SIZE").as_numpy()[0])
+            threading.Thread(target=self.respond, daemon=True, args=(
+                request.request_id(), request.get_response_sender(), n, size)).start()
+        return None
+
+    def respond(self, request_id, sender, n, size):
+        payload = np.zeros([size], np.uint8)
+        for _ in range(n):
+            if sender.is_cancelled():
+                break
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", payload)]))
+            with self.lock:
+                self.sent += 1
+                (self.folder / "sent").write_text(str(self.sent))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        (self.folder / ("done-" + request_id)).write_text("")
+'''
+
+FLOOD_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [
+  {{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "SIZE" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+output [ {{ name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] }} ]
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stream-attacks")
+    write_pbtxt(root, "flood", FLOOD, FLOOD_PBTXT)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Callable[..., RunningServer], repository: Path) -> RunningServer:
+    return server_factory(repository, "--allow-python-models")
+
+
+def _flood_request(request_id: str, n: int, size: int) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="flood", id=request_id)
+    for name, value in (("N", n), ("SIZE", size)):
+        request.inputs.add(name=name, datatype="INT32", shape=[1])
+        request.raw_input_contents.append(np.array([value], np.int32).tobytes())
+    return request
+
+
+def _channel(server: RunningServer) -> grpc.Channel:
+    # no BDP probing: the client's receive window stays 64 KiB, so a client that does not
+    # read takes next to nothing off the server
+    return grpc.insecure_channel(server.grpc_url, options=[
+        ("grpc.http2.bdp_probe", 0), ("grpc.max_receive_message_length", -1)])
+
+
+def _count(path: Path) -> int:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else 0
+
+
+def _settled(path: Path, bound: int) -> int:
+    """The count in `path` once it stops growing (unchanged for a second), failing as soon as
+    it passes `bound`."""
+    deadline = time.monotonic() + WAIT_S
+    last, since = -1, time.monotonic()
+    while time.monotonic() - since < 1.0:
+        assert time.monotonic() < deadline, f"still growing after {WAIT_S} s: {last}"
+        count = _count(path)
+        assert count <= bound, f"{count} responses sent to a client that reads none"
+        if count != last:
+            last, since = count, time.monotonic()
+        time.sleep(0.05)
+    return last
+
+
+@pytest.fixture
+def channel(server: RunningServer) -> Iterator[grpc.Channel]:
+    opened = _channel(server)
+    yield opened
+    opened.close()
+
+
+def _stream(channel: grpc.Channel, requests: list[service_pb2.ModelInferRequest],
+            release: threading.Event) -> Any:
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    def sent() -> Iterator[service_pb2.ModelInferRequest]:
+        yield from requests
+        release.wait(WAIT_S)  # the stream stays open until the test is done with it
+
+    return stub.ModelStreamInfer(sent())
+
+
+def test_a_stream_of_decoupled_requests_that_reads_nothing_holds_one_budget(
+        server: RunningServer, repository: Path, channel: grpc.Channel) -> None:
+    """128 requests on one stream, each for 200 responses of 20 kB, none read: the model may
+    send the stream's window budget and each request's minimum, no more (before: 64 each,
+    8,320 responses held for the client, 877 MB at 100 kB)."""
+    sent_file = repository / "flood" / "sent"
+    requests = 128
+    release = threading.Event()
+    responses = _stream(channel, [_flood_request(f"r{i}", 200, 20_000)
+                                  for i in range(requests)], release)
+    try:
+        first = next(responses)
+        assert first.infer_response.id.startswith("r") and not first.error_message
+        # each request's window and the one taken to be sent; the gRPC and socket buffers
+        bound = STREAM_WINDOW + requests * (MIN_WINDOW + 1) + 128
+        held = _settled(sent_file, bound)
+        assert held >= requests  # every request ran: none was starved of a window
+    finally:
+        release.set()
+        channel.close()
+    # the client gone, every request is cancelled in the model, and the next client is served
+    for index in range(requests):
+        _wait_for(repository / "flood" / f"done-r{index}")
+    with _channel(server) as fresh:
+        release = threading.Event()
+        ids = []
+        for answer in _stream(fresh, [_flood_request("next", 3, 10)], release):
+            assert not answer.error_message
+            ids.append(answer.infer_response.id)
+            if len(ids) == 3:
+                break
+        release.set()
+    assert ids == ["next"] * 3
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
