@@ -74,10 +74,44 @@ output [ {{ name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] }} ]
 """
 
 
+# execute() starts a thread that sends until its request is cancelled (then `stopped-ID`),
+# then raises: the request fails, and the thread must learn it is over
+ABANDONS = '''
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.folder = Path(args["model_repository"])
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.respond, daemon=True, args=(
+                request.request_id(), request.get_response_sender())).start()
+        raise pb_utils.TritonModelException("execute() gives up")
+
+    def respond(self, request_id, sender):
+        sent = 0
+        while not sender.is_cancelled() and sent < 20000:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUT", np.zeros([1], np.uint8))]))
+            sent += 1
+            time.sleep(0.001)
+        if sender.is_cancelled():
+            (self.folder / ("stopped-" + request_id)).write_text(str(sent))
+'''
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream-attacks")
     write_pbtxt(root, "flood", FLOOD, FLOOD_PBTXT)
+    write_pbtxt(root, "abandons", ABANDONS, FLOOD_PBTXT)
     return root
 
 
@@ -86,8 +120,9 @@ def server(server_factory: Callable[..., RunningServer], repository: Path) -> Ru
     return server_factory(repository, "--allow-python-models")
 
 
-def _flood_request(request_id: str, n: int, size: int) -> service_pb2.ModelInferRequest:
-    request = service_pb2.ModelInferRequest(model_name="flood", id=request_id)
+def _flood_request(request_id: str, n: int, size: int, model: str = "flood"
+                   ) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for name, value in (("N", n), ("SIZE", size)):
         request.inputs.add(name=name, datatype="INT32", shape=[1])
         request.raw_input_contents.append(np.array([value], np.int32).tobytes())
@@ -179,3 +214,21 @@ def _wait_for(path: Path) -> None:
     while not path.exists():
         assert time.monotonic() < deadline, f"{path.name} never appeared"
         time.sleep(0.05)
+
+
+def test_a_request_whose_execute_raised_is_cancelled_in_the_model(
+        server: RunningServer, repository: Path, channel: grpc.Channel) -> None:
+    """execute() raised after handing the request's sender to a thread: the client gets the
+    error as the request's last response, and the thread sees is_cancelled() (before: the
+    sender stayed open, the thread sent on for ever into a stream nobody routed)."""
+    release = threading.Event()
+    responses = _stream(channel, [_flood_request("gives-up", 1, 1, "abandons")], release)
+    try:
+        for answer in responses:
+            if answer.error_message:
+                break
+        assert answer.error_message  # (a BackendError: its text is in the server log)
+        assert answer.infer_response.id == "gives-up"
+        _wait_for(repository / "abandons" / "stopped-gives-up")
+    finally:
+        release.set()

@@ -107,6 +107,7 @@ class StreamPipe:
         self._lock = threading.Lock()  # the tables below
         self._streams: dict[int, ResponseSink] = {}
         self._batches: dict[int, Future[list[TensorDict | ServalError]]] = {}
+        self._batch_streams: dict[int, list[int]] = {}  # a running batch's requests' streams
         self._ids = itertools.count(1)
         self._control: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._closed = False
@@ -129,6 +130,7 @@ class StreamPipe:
             batch_id = next(self._ids)
             stream_ids = [next(self._ids) for _ in requests]
             self._batches[batch_id] = future
+            self._batch_streams[batch_id] = stream_ids
             self._streams.update(zip(stream_ids, sinks, strict=True))
         self._calls.running(requests)  # its calls' callers (model threads' later ones too)
         with self._send_lock:
@@ -195,8 +197,16 @@ class StreamPipe:
 
     def _finish(self, batch_id: int,
                 results: list[TensorDict | ServalError] | BackendError) -> None:
+        """A request whose execute() failed is over (its stream ends with the error): it is
+        cancelled in the child, else the model's threads could send to it for ever, unread."""
         with self._lock:
             future = self._batches.pop(batch_id, None)
+            stream_ids = self._batch_streams.pop(batch_id, [])
+        ended = ([True] * len(stream_ids) if isinstance(results, BackendError)
+                 else [isinstance(result, ServalError) for result in results])
+        for stream_id, over in zip(stream_ids, ended, strict=False):
+            if over:
+                self._cancel(stream_id)
         if future is None or future.done():
             return
         if isinstance(results, BackendError):
