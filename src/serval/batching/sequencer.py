@@ -215,7 +215,9 @@ class Sequencer:
             self._executor.shutdown(wait=True)
 
     async def _consume(self) -> None:
-        while True:
+        # not `while True`: on Python 3.11 a wait_for whose event is set as close() cancels
+        # the task swallows the cancellation, and close() would wait for the task for ever
+        while not self._closed:
             self.expire_idle()
             picked = pick_batch(self._table.ready(), self._settings.strategy, self._max_rows)
             delay_ns = queue_delay_left_ns(picked, self._max_rows, self._delay_ns,

@@ -171,3 +171,23 @@ def test_a_start_waiting_for_a_slot_fails_when_the_model_closes(tmp_path: Path) 
             await asyncio.wait_for(waiting, 5)
 
     asyncio.run(main())
+
+
+def test_close_stops_a_consumer_whose_wakeup_came_with_the_cancel(tmp_path: Path) -> None:
+    """A step queued in the same turn of the loop as close(): the consumer, waiting with a
+    timeout (a live idle sequence), had its cancellation swallowed by Python 3.11's wait_for
+    and close() waited for it for ever."""
+    async def main() -> None:
+        sequencer = _growing(tmp_path)
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+        inputs = {"INPUT": one}
+        queued = asyncio.ensure_future(sequencer.infer(inputs, None, InferRequest(
+            inputs, parameters={"sequence_id": 1})))
+        await asyncio.sleep(0)  # one turn: the step is queued, the consumer's event set
+        assert sequencer.queued == 1
+        await asyncio.wait_for(sequencer.close(), 5)
+        with pytest.raises(ServerUnavailable):
+            await queued
+
+    asyncio.run(main())
