@@ -4,6 +4,7 @@ keep serving every other client's sequences after each."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import infer
+from tests.integration.http_helpers import infer, wait_until_idle, wait_until_queued
 from tests.triton_examples import write_model
 
 httpclient = pytest.importorskip("tritonclient.http")
@@ -145,3 +146,56 @@ def test_a_huge_string_id_is_refused_without_echoing_it(server: RunningServer) -
     longest = "é" * 512  # 1024 bytes of UTF-8
     assert _step(client, "grpc", "plain", sequence_id=longest, sequence_start=True,
                  sequence_end=True) == 2
+
+
+def _fill_plain(server: RunningServer, first_id: int) -> list[int]:
+    """Start sequences until every one of plain's 4 slots is held; their ids."""
+    client = _client(server, "http")
+    ids = list(range(first_id, first_id + 4))
+    for sequence_id in ids:
+        _step(client, "http", "plain", sequence_id=sequence_id, sequence_start=True)
+    return ids
+
+
+def _end_all(server: RunningServer, ids: list[int]) -> None:
+    """End the sequences (those that idled out on a slow box are gone already)."""
+    client = _client(server, "http")
+    for sequence_id in ids:
+        try:
+            _step(client, "http", "plain", sequence_id=sequence_id, sequence_end=True)
+        except InferenceServerException as exc:
+            assert "idle" in str(exc.message()), exc.message()
+    wait_until_idle(server.url, "plain")
+
+
+def test_steps_behind_a_start_its_client_cancelled_fail_at_once(server: RunningServer) -> None:
+    """A START waiting for a slot, cancelled by its client (gRPC), left the steps queued
+    behind it waiting on a future nobody would ever settle: they hung for ever, each holding
+    one of the server's in-flight places."""
+    held = _fill_plain(server, 1000)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        start = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        start.set_data_from_numpy(ONE)
+        call = client.async_infer("plain", [start], callback=lambda *_: None,
+                                  sequence_id=2000, sequence_start=True)
+        wait_until_queued(server.url, "plain", 1, timeout_s=10)
+        answer: dict[str, Any] = {}
+
+        def follow() -> None:
+            try:
+                _step(_client(server, "http"), "http", "plain", sequence_id=2000)
+            except InferenceServerException as exc:
+                answer["error"] = exc
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        wait_until_queued(server.url, "plain", 2, timeout_s=10)
+        call.cancel()
+        follower.join(30)
+        error = answer["error"]
+        assert str(error.status()) == "400", error.message()
+        assert "2000" in error.message() and "cancelled" in error.message()
+        wait_until_queued(server.url, "plain", 0, timeout_s=10)
+    finally:
+        _end_all(server, held)

@@ -82,6 +82,7 @@ class Sequencer:
         self._settled.set()
         self._slot_waiters: list[asyncio.Future[None]] = []
         self._backlog: dict[SequenceId, asyncio.Future[LiveSequence]] = {}
+        self._waiting = 0  # steps waiting for their sequence's slot
         self._running = 0
         self._closed = False
         self._owns_executor = executor is None
@@ -91,7 +92,8 @@ class Sequencer:
 
     @property
     def queued(self) -> int:
-        return sum(len(s.steps) for s in self._table.live.values())
+        """Steps waiting: in live sequences, and for a slot (a START and the steps behind it)."""
+        return self._waiting + sum(len(s.steps) for s in self._table.live.values())
 
     @property
     def running(self) -> int:
@@ -136,23 +138,39 @@ class Sequencer:
         steps queue behind it: the backlog), then 429."""
         backlog = self._backlog.get(flags.id)
         if backlog is not None and not flags.start:
-            return await asyncio.shield(backlog)
+            self._waiting += 1
+            try:
+                return await asyncio.shield(backlog)
+            finally:
+                self._left_waiting()
         sequence = self._table.admit(flags, self._clock())
         if sequence is not None:
             return sequence
         backlog = asyncio.get_running_loop().create_future()
         self._backlog[flags.id] = backlog
+        self._waiting += 1
         try:
             sequence = await self._wait_for_slot(flags, deadline_ns)
-        except ServalError as exc:
-            backlog.set_exception(exc)
+        except (ServalError, asyncio.CancelledError) as exc:
+            # the steps behind it fail too; a start its client gave up on started nothing
+            backlog.set_exception(exc if isinstance(exc, ServalError) else InvalidInput(
+                f"sequence {flags.id!r} of model '{self._stats.name}' did not start: its "
+                "first request (sequence_start) was cancelled while it waited for a slot; "
+                "start it again"))
             backlog.exception()  # retrieved: a backlog nobody followed logs nothing
             raise
         finally:
+            self._left_waiting()
             if self._backlog.get(flags.id) is backlog:
                 del self._backlog[flags.id]
         backlog.set_result(sequence)
         return sequence
+
+    def _left_waiting(self) -> None:
+        """A step stopped waiting for its sequence's slot: the consumer looks again (drain()
+        learns when none waits)."""
+        self._waiting -= 1
+        self._wakeup.set()
 
     async def _wait_for_slot(self, flags: SequenceFlags, deadline_ns: int | None
                              ) -> LiveSequence:
