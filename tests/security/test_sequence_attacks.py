@@ -199,3 +199,12 @@ def test_steps_behind_a_start_its_client_cancelled_fail_at_once(server: RunningS
         wait_until_queued(server.url, "plain", 0, timeout_s=10)
     finally:
         _end_all(server, held)
+
+
+def test_an_id_past_64_bits_in_json_gets_the_id_range(server: RunningServer) -> None:
+    """An integer id past 2**64 - 1 (JSON reads it as a float) was refused as 'not float'."""
+    body = (b'{"parameters":{"sequence_id":18446744073709551616,"sequence_start":true},'
+            b'"inputs":[{"name":"INPUT","datatype":"INT32","shape":[1,1],"data":[1]}]}')
+    reply = infer(server.url, "plain", body)
+    assert reply.status == 400
+    assert "18446744073709551615" in reply.error, reply.error

@@ -67,6 +67,10 @@ def sequence_flags(parameters: Mapping[str, Any], model: str) -> SequenceFlags:
         if not 0 < raw_id < 2**64:
             raise InvalidInput(f"parameter 'sequence_id' {raw_id} must be an unsigned 64-bit "
                                "integer or a string")
+    elif type(raw_id) is float:  # JSON reads an integer past 2**64 - 1 as a float
+        raise InvalidInput("parameter 'sequence_id' must be an unsigned integer or a string, "
+                           f"not float ({raw_id!r}): an integer id is 1 to {2**64 - 1}, "
+                           "without fraction or exponent")
     elif not isinstance(raw_id, str):
         raise InvalidInput("parameter 'sequence_id' must be an unsigned integer or a string, "
                            f"not {type(raw_id).__name__}")

@@ -191,3 +191,10 @@ def test_close_stops_a_consumer_whose_wakeup_came_with_the_cancel(tmp_path: Path
             await queued
 
     asyncio.run(main())
+
+
+def test_an_integer_id_past_64_bits_is_named_as_such() -> None:
+    """JSON reads 18446744073709551616 as a float: the error said only 'not float'."""
+    with pytest.raises(InvalidInput, match=r"1\.8446744073709552e\+19.*1 to "
+                                           r"18446744073709551615"):
+        sequence_flags({"sequence_id": float(2**64)}, "m")
