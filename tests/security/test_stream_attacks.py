@@ -4,6 +4,8 @@ next client is served."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +18,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests.conftest import RunningServer
-from tests.triton_python_models import write_pbtxt
+from tests.triton_python_models import write, write_pbtxt
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +79,8 @@ output [ {{ name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] }} ]
 # execute() starts a thread that sends until its request is cancelled (then `stopped-ID`),
 # then raises: the request fails, and the thread must learn it is over
 ABANDONS = '''
+import http.client
+import json
 import threading
 import time
 from pathlib import Path
@@ -107,11 +111,37 @@ class TritonPythonModel:
 '''
 
 
+# Serval's own decoupled model, yielding an output its config does not declare, by N: a list,
+# a string, None, an FP64 array (its config says INT32)
+MISTYPED = '''
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        pass
+
+    def infer(self, inputs):
+        yield {"OUT": [[1, 2], "text", None, np.zeros([2], np.float64)][int(inputs["N"][0])]}
+'''
+
+MISTYPED_CONFIG = """\
+backend: python
+max_batch_size: 0
+inputs:
+  - {name: N, datatype: INT32, dims: [1]}
+  - {name: SIZE, datatype: INT32, dims: [1]}
+outputs:
+  - {name: OUT, datatype: INT32, dims: [-1]}
+"""
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream-attacks")
     write_pbtxt(root, "flood", FLOOD, FLOOD_PBTXT)
     write_pbtxt(root, "abandons", ABANDONS, FLOOD_PBTXT)
+    write(root, "mistyped", MISTYPED, MISTYPED_CONFIG)
     return root
 
 
@@ -232,3 +262,29 @@ def test_a_request_whose_execute_raised_is_cancelled_in_the_model(
         _wait_for(repository / "abandons" / "stopped-gives-up")
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(("mode", "got"), [(0, "list"), (1, "str"), (2, "NoneType"),
+                                           (3, "FP64 array")])
+def test_a_generator_yielding_an_undeclared_output_fails_precisely(
+        server: RunningServer, channel: grpc.Channel, mode: int, got: str) -> None:
+    """Before: a list, string or None reached the encoders (INTERNAL / HTTP 500, a traceback
+    in the log), an FP64 array went out as FP64 to clients told INT32."""
+    expected = (f"infer() yielded output 'OUT' as a {got}; its config says a numpy array of "
+                "INT32")
+    release = threading.Event()
+    try:
+        answer = next(_stream(channel, [_flood_request(f"m{mode}", mode, 1, "mistyped")],
+                              release))
+    finally:
+        release.set()
+    assert expected in answer.error_message
+    assert answer.infer_response.id == f"m{mode}"
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=WAIT_S)
+    connection.request("POST", "/v2/models/mistyped/generate_stream",
+                       json.dumps({"N": mode, "SIZE": 1}))
+    reply = connection.getresponse()
+    body = reply.read().decode()
+    connection.close()
+    assert expected in body, (reply.status, body)
+    assert "Traceback" not in server.log()

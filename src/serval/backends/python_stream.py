@@ -13,9 +13,12 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from serval.backends.base import ModelMetadata, ModelResponse, ResponseSink, StreamRequest
 from serval.backends.model_code import MODEL_EXITS, model_exception, unload_instance
 from serval.errors import BackendError, ModelFailed, ServalError, shown
+from serval.protocol.dtypes import v2_datatype
 from serval.protocol.types import InferRequest, TensorDict
 
 
@@ -27,6 +30,7 @@ class GeneratorModel:
         self._name, self._instance, self._size_bytes = name, instance, size_bytes
         self._metadata = metadata
         self._names = [spec.name for spec in metadata.outputs]
+        self._datatypes = {spec.name: spec.datatype for spec in metadata.outputs}
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -74,7 +78,24 @@ class GeneratorModel:
             got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
             raise ModelFailed(f"model '{self._name}': infer() must yield dicts with "
                               f"{shown(self._names, 200)}, got {shown(got, 200)}")
-        return {name: outputs[name] for name in self._names}
+        return {name: self._declared(name, outputs[name]) for name in self._names}
+
+    def _declared(self, name: str, value: Any) -> Any:
+        """An output as its config declares it: a yielded list, string or None reached the
+        encoders (an internal error, a traceback), an FP64 array went out as FP64 to clients
+        told INT32."""
+        declared = self._datatypes[name]
+        try:
+            datatype = v2_datatype(value.dtype) if isinstance(value, np.ndarray) else None
+        except ValueError:
+            datatype = None
+        if datatype != declared:
+            got = f"{datatype} array" if datatype else type(value).__name__
+            raise ModelFailed(f"model '{self._name}': infer() yielded output '{name}' as a "
+                              f"{got}; its config says a numpy array of {declared}")
+        if declared == "BYTES" and value.dtype.kind != "O":
+            return value.astype(np.object_)
+        return value
 
     def unload(self) -> None:
         unload_instance(self._name, self._instance)
