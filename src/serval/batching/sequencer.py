@@ -143,7 +143,13 @@ class Sequencer:
                 return await asyncio.shield(backlog)
             finally:
                 self._left_waiting()
-        sequence = self._table.admit(flags, self._clock())
+        live = len(self._table.live)
+        try:
+            sequence = self._table.admit(flags, self._clock())
+        except InvalidInput:
+            if len(self._table.live) < live:  # a late step freed its idle sequence's slot
+                self._wake_slot_waiter()
+            raise
         if sequence is not None:
             return sequence
         backlog = asyncio.get_running_loop().create_future()

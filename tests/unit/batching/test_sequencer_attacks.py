@@ -5,6 +5,7 @@ Runtime sessions, one sequence's failure stays its own and the consumer task sur
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,16 @@ def test_a_float_or_string_corrid_takes_any_integer_id() -> None:
 
 # --- the Sequencer over real ONNX Runtime sessions --------------------------------------------
 
-def _model(root: Path, name: str, graph: onnx.GraphProto, pbtxt_body: str) -> Sequencer:
+def _model(root: Path, name: str, graph: onnx.GraphProto, pbtxt_body: str,
+           clock: Callable[[], int] | None = None) -> Sequencer:
     write_model(root, name, graph, f'name: "{name}"\nplatform: "onnxruntime_onnx"\n'
                 + pbtxt_body)
     config = load_pbtxt(root / name)
     assert config.sequence_batching is not None
     spec = ModelVersionSpec(name, "1", root / name / "1", config)
     engine = OnnxRuntimeBackend(cores=1).load(spec)
-    return Sequencer(engine, config.sequence_batching, ModelStats(name, "1"))
+    kwargs = {} if clock is None else {"clock": clock}
+    return Sequencer(engine, config.sequence_batching, ModelStats(name, "1"), **kwargs)
 
 
 def _lookup(root: Path) -> Sequencer:
@@ -87,7 +90,7 @@ def _lookup(root: Path) -> Sequencer:
         'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'))
 
 
-def _growing(root: Path) -> Sequencer:
+def _growing(root: Path, clock: Callable[[], int] | None = None) -> Sequencer:
     """Not batched: STATE_OUT = STATE_IN + INPUT, INPUT any length, the state dims [1]: a
     longer INPUT makes a state the config does not describe."""
     nodes = [helper.make_node("Add", ["STATE_IN", "INPUT"], ["STATE_OUT"]),
@@ -104,7 +107,7 @@ def _growing(root: Path) -> Sequencer:
         '  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 '
         "dims: [ 1 ] } ]\n}\n"
         'input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'))
+        'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'), clock)
 
 
 async def _infer(sequencer: Sequencer, array: np.ndarray, **parameters: Any) -> np.ndarray:
@@ -198,3 +201,24 @@ def test_an_integer_id_past_64_bits_is_named_as_such() -> None:
     with pytest.raises(InvalidInput, match=r"1\.8446744073709552e\+19.*1 to "
                                            r"18446744073709551615"):
         sequence_flags({"sequence_id": float(2**64)}, "m")
+
+
+def test_a_slot_a_late_step_frees_goes_to_the_start_waiting_for_one(tmp_path: Path) -> None:
+    """A late step of a sequence past its idle time frees its slot; the START waiting for a
+    slot was not told and waited out its whole wait (the idle time, 5 s here)."""
+    async def main() -> None:
+        now = [0]
+        sequencer = _growing(tmp_path, lambda: now[0])  # one slot, 5 s idle
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
+                                               sequence_start=True))
+        while not sequencer.waiting_starts:
+            await asyncio.sleep(0.001)
+        now[0] += 5_000_000_000  # sequence 1 is idle past its time
+        with pytest.raises(InvalidInput, match="idle"):
+            await _infer(sequencer, one, sequence_id=1)
+        assert (await asyncio.wait_for(waiting, 2)).tolist() == [1.0]
+        await sequencer.close()
+
+    asyncio.run(main())
