@@ -5,6 +5,7 @@ flags, the table of live sequences and their slots, which sequences' next steps 
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,13 +90,23 @@ def sequence_flags(parameters: Mapping[str, Any], model: str) -> SequenceFlags:
 
 class SequenceTable:
     """The live sequences of one model: at most `capacity` at once, each in its own slot
-    (0..capacity-1); expired ids remembered (bounded) to explain late requests."""
+    (0..capacity-1); expired ids remembered (bounded) to explain late requests. What a batch
+    or an expiry looks at is kept as it changes (those with steps waiting; the quiet ones by
+    last activity), never found by a scan of every live sequence: 100k of them made each
+    batch cost the event loop 24 ms."""
 
     def __init__(self, capacity: int, idle_ns: int, model: str) -> None:
         self.capacity, self.idle_ns, self.model = capacity, idle_ns, model
         self.live: dict[SequenceId, LiveSequence] = {}
-        self._free = list(range(capacity))
+        # free slots: those released (a heap) and those never used (from _unused up): the
+        # lowest is min(heap) else _unused, found in O(log n) (max_candidate_sequences may
+        # be millions; a list of every slot, sorted at each start, cost 340 us a start at 100k)
+        self._released: list[int] = []
+        self._unused = 0
         self._expired: OrderedDict[SequenceId, None] = OrderedDict()
+        self._waiting: dict[SequenceId, LiveSequence] = {}  # with steps waiting
+        # neither waiting nor running, least recently active first (last_ns only grows)
+        self._quiet: OrderedDict[SequenceId, LiveSequence] = OrderedDict()
 
     def admit(self, flags: SequenceFlags, now_ns: int) -> LiveSequence | None:
         """The live sequence a step belongs to, a new one on START (None: no slot free);
@@ -106,6 +117,8 @@ class SequenceTable:
             sequence = None
         if sequence is not None:
             sequence.last_ns = now_ns
+            if sequence.id in self._quiet:
+                self._quiet.move_to_end(sequence.id)
             return sequence
         if not flags.start:
             if flags.id in self._expired:
@@ -115,23 +128,55 @@ class SequenceTable:
                     "with sequence_start")
             raise InvalidInput(f"sequence {flags.id!r} of model '{self.model}' is not live: "
                                "its first request must set sequence_start")
-        if not self._free:
+        if self._released:
+            slot = heapq.heappop(self._released)
+        elif self._unused < self.capacity:
+            slot, self._unused = self._unused, self._unused + 1
+        else:
             return None
-        self._free.sort()
-        sequence = LiveSequence(flags.id, self._free.pop(0), now_ns)
+        sequence = LiveSequence(flags.id, slot, now_ns)
         self.live[flags.id] = sequence
+        self._quiet[flags.id] = sequence
         self._expired.pop(flags.id, None)
         return sequence
+
+    def queue(self, sequence: LiveSequence, step: SequenceStep) -> None:
+        """A step joins its live sequence."""
+        sequence.steps.append(step)
+        self._quiet.pop(sequence.id, None)
+        self._waiting[sequence.id] = sequence
+
+    def take(self, sequence: LiveSequence) -> SequenceStep:
+        """The sequence's next step, into a batch (the sequence runs: see settle)."""
+        sequence.running = True
+        step = sequence.steps.popleft()
+        if not sequence.steps:
+            self._waiting.pop(sequence.id, None)
+        return step
+
+    def settle(self, sequence: LiveSequence, now_ns: int) -> None:
+        """The sequence's batch is done: quiet from now, unless steps wait or it ended."""
+        sequence.running, sequence.last_ns = False, now_ns
+        if self.live.get(sequence.id) is sequence and not sequence.steps:
+            self._quiet.pop(sequence.id, None)
+            self._quiet[sequence.id] = sequence
 
     def release(self, sequence: LiveSequence) -> None:
         """Free the sequence's slot and state (its end)."""
         if self.live.get(sequence.id) is sequence:
             del self.live[sequence.id]
-            self._free.append(sequence.slot)
+            self._waiting.pop(sequence.id, None)
+            self._quiet.pop(sequence.id, None)
+            heapq.heappush(self._released, sequence.slot)
 
     def expire(self, now_ns: int) -> list[LiveSequence]:
         """Release the sequences idle past idle_ns (nothing waiting, nothing running)."""
-        idle = [s for s in self.live.values() if self._idle(s, now_ns)]
+        idle = []
+        for sequence in self._quiet.values():  # least recently active first
+            if now_ns - sequence.last_ns < self.idle_ns:
+                break
+            if self._idle(sequence, now_ns):
+                idle.append(sequence)
         for sequence in idle:
             self._forget(sequence)
         return idle
@@ -148,13 +193,18 @@ class SequenceTable:
 
     def next_expiry_ns(self) -> int | None:
         """When the next idle sequence expires (None: none could)."""
-        times = [s.last_ns + self.idle_ns for s in self.live.values()
-                 if not s.steps and not s.running]
-        return min(times, default=None)
+        for sequence in self._quiet.values():
+            if not sequence.steps and not sequence.running:
+                return sequence.last_ns + self.idle_ns
+        return None
+
+    @property
+    def waiting_steps(self) -> int:
+        return sum(len(s.steps) for s in self._waiting.values())
 
     def ready(self) -> list[LiveSequence]:
         """Sequences whose next step could run now (waiting, not running)."""
-        return [s for s in self.live.values() if s.steps and not s.running]
+        return [s for s in self._waiting.values() if s.steps and not s.running]
 
 
 def pick_batch(ready: list[LiveSequence], strategy: Strategy, max_rows: int

@@ -93,7 +93,7 @@ class Sequencer:
     @property
     def queued(self) -> int:
         """Steps waiting: in live sequences, and for a slot (a START and the steps behind it)."""
-        return self._waiting + sum(len(s.steps) for s in self._table.live.values())
+        return self._waiting + self._table.waiting_steps
 
     @property
     def running(self) -> int:
@@ -127,8 +127,8 @@ class Sequencer:
         if self._closed:  # closed while this step waited for its sequence's start
             raise ServerUnavailable("the model is being unloaded")
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
-        sequence.steps.append(SequenceStep(inputs, flags, signature_of(inputs), future,
-                                           self._clock(), deadline_ns, request))
+        self._table.queue(sequence, SequenceStep(inputs, flags, signature_of(inputs), future,
+                                                 self._clock(), deadline_ns, request))
         self._settled.clear()
         self._wakeup.set()
         return await future
@@ -251,16 +251,14 @@ class Sequencer:
             if not picked or delay_ns:
                 await self._wait(delay_ns or self._until_expiry_ns())
                 continue
-            for sequence in picked:
-                sequence.running = True
+            steps = [self._table.take(sequence) for sequence in picked]
             self._running += 1
-            try:
-                await self._run(picked)
+            try:  # whatever fails fails these steps, never this task (the model's every step
+                await self._run_steps(picked, steps)  # waits on it)
             finally:
                 self._running -= 1
                 for sequence in picked:
-                    sequence.running = False
-                    sequence.last_ns = self._clock()
+                    self._table.settle(sequence, self._clock())
                 if any(s.steps for s in picked):
                     self._wakeup.set()
 
@@ -275,12 +273,6 @@ class Sequencer:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout_ns / 1e9)
-
-    async def _run(self, picked: list[LiveSequence]) -> None:
-        """One batch: each picked sequence's next step. Whatever fails fails this batch's
-        steps, never the consumer task (which every later step of the model waits on)."""
-        steps = [sequence.steps.popleft() for sequence in picked]
-        await self._run_steps(picked, steps)
 
     async def _run_steps(self, picked: list[LiveSequence], steps: list[SequenceStep]) -> None:
         try:

@@ -16,7 +16,13 @@ from onnx import TensorProto, helper
 
 from serval.backends.base import ModelVersionSpec
 from serval.backends.onnxruntime import OnnxRuntimeBackend
-from serval.batching.sequence_policy import MAX_STRING_ID_BYTES, sequence_flags
+from serval.batching.sequence_policy import (
+    MAX_STRING_ID_BYTES,
+    LiveSequence,
+    SequenceFlags,
+    SequenceTable,
+    sequence_flags,
+)
 from serval.batching.sequence_tensors import check_corrid
 from serval.batching.sequencer import Sequencer
 from serval.errors import BackendError, EngineRejectedInput, InvalidInput, ServerUnavailable
@@ -222,3 +228,32 @@ def test_a_slot_a_late_step_frees_goes_to_the_start_waiting_for_one(tmp_path: Pa
         await sequencer.close()
 
     asyncio.run(main())
+
+
+class _CountingTable(SequenceTable):
+    """A table that counts the sequences it judges idle or not."""
+
+    judged = 0
+
+    def _idle(self, sequence: LiveSequence, now_ns: int) -> bool:
+        self.judged += 1
+        return super()._idle(sequence, now_ns)
+
+
+def test_expiry_and_batches_look_at_few_sequences_of_many_live() -> None:
+    """Every batch scanned every live sequence (ready, expire, next expiry) and every start
+    sorted every free slot: 100k live sequences (oldest, max_candidate_sequences) cost the
+    event loop 24 ms a batch and 340 us a start. Now a batch looks at the waiting ones and
+    the least recently active one; a table of INT32_MAX slots costs nothing until used."""
+    table = _CountingTable(2**31 - 1, 100_000, "m")
+    for sequence_id in range(1, 10_001):
+        assert table.admit(SequenceFlags(sequence_id, start=True), sequence_id) is not None
+    assert table.ready() == [] and table.next_expiry_ns() == 1 + 100_000
+    assert table.expire(100_000) == [] and table.judged == 0
+    expired = table.expire(100_000 + 5)  # the five least recently active
+    assert [s.id for s in expired] == [1, 2, 3, 4, 5] and table.judged == 5
+    sequence = table.live[9]
+    assert table.admit(SequenceFlags(9), 50_000) is sequence  # active again: last to expire
+    assert table.admit(SequenceFlags(10_001, start=True), 50_001).slot == 0  # the lowest free
+    assert [s.id for s in table.expire(10_000 + 100_000)] == [6, 7, 8, *range(10, 10_001)]
+    assert list(table.live) == [9, 10_001]
