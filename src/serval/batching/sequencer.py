@@ -144,8 +144,10 @@ class Sequencer:
             finally:
                 self._left_waiting()
         live = len(self._table.live)
-        try:
-            sequence = self._table.admit(flags, self._clock())
+        try:  # a new sequence queues behind those waiting for a slot (the one it frees
+            sequence = None if (  # expiring idle ones is theirs): else they starve
+                flags.start and self._slot_waiters and flags.id not in self._table.live
+            ) else self._table.admit(flags, self._clock())
         except InvalidInput:
             if len(self._table.live) < live:  # a late step freed its idle sequence's slot
                 self._wake_slot_waiter()
@@ -196,6 +198,10 @@ class Sequencer:
                 await asyncio.wait_for(waiter, left_s)
             except TimeoutError:
                 pass
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_slot_waiter()  # woken for a slot it will not take: pass it on
+                raise
             finally:
                 with contextlib.suppress(ValueError):
                     self._slot_waiters.remove(waiter)

@@ -257,3 +257,28 @@ def test_expiry_and_batches_look_at_few_sequences_of_many_live() -> None:
     assert table.admit(SequenceFlags(10_001, start=True), 50_001).slot == 0  # the lowest free
     assert [s.id for s in table.expire(10_000 + 100_000)] == [6, 7, 8, *range(10, 10_001)]
     assert list(table.live) == [9, 10_001]
+
+
+def test_a_freed_slot_goes_to_the_start_that_waited_first(tmp_path: Path) -> None:
+    """A new START that found the table full expired the idle sequences itself, which woke
+    the START waiting for a slot, then took that slot first: under a flood of new STARTs
+    the one waiting got none and its client a 429 at the end of its wait."""
+    async def main() -> None:
+        now = [0]
+        sequencer = _growing(tmp_path, lambda: now[0])  # one slot, 5 s idle
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+        first = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
+                                             sequence_start=True))
+        while not sequencer.waiting_starts:
+            await asyncio.sleep(0.001)
+        now[0] += 5_000_000_000  # sequence 1 is idle past its time
+        second = asyncio.ensure_future(_infer(sequencer, 2 * one, sequence_id=3,
+                                              sequence_start=True, sequence_end=True))
+        assert (await asyncio.wait_for(first, 2)).tolist() == [1.0]
+        assert not second.done()
+        await _infer(sequencer, one, sequence_id=2, sequence_end=True)
+        assert (await asyncio.wait_for(second, 2)).tolist() == [2.0]
+        await sequencer.close()
+
+    asyncio.run(main())
