@@ -85,6 +85,7 @@ class Sequencer:
         self._waiting = 0  # steps waiting for their sequence's slot
         self._running = 0
         self._closed = False
+        self._retiring = False  # retire(): no START waits for a slot
         self._owns_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(
             instances, thread_name_prefix=f"sequence-{stats.name}")
@@ -187,7 +188,9 @@ class Sequencer:
             limit_ns = min(limit_ns, deadline_ns)
         while True:
             left_s = (limit_ns - self._clock()) / 1e9
-            if left_s <= 0 or self._closed:
+            if self._closed or self._retiring:
+                raise ServerUnavailable("the model is being unloaded")
+            if left_s <= 0:
                 raise Overloaded(
                     f"model '{self._stats.name}' has all {self._table.capacity} sequence slots "
                     "held by live sequences; retry when one ends",
@@ -205,8 +208,8 @@ class Sequencer:
             finally:
                 with contextlib.suppress(ValueError):
                     self._slot_waiters.remove(waiter)
-            if self._closed:  # close() freed every slot: taking one would queue a step for ever
-                raise ServerUnavailable("the model is being unloaded")
+            if self._closed or self._retiring:  # close() freed every slot: taking one
+                raise ServerUnavailable("the model is being unloaded")  # queued a step for ever
             sequence = self._table.admit(flags, self._clock())
             if sequence is not None:
                 return sequence
@@ -229,6 +232,15 @@ class Sequencer:
         while self.queued or self._running:
             self._settled.clear()
             await self._settled.wait()
+
+    def retire(self) -> None:
+        """The model is going: STARTs waiting for a slot fail now (503), not after waiting out
+        max_sequence_idle, which an unload waiting for in-flight requests would wait too;
+        live sequences' steps still run until close()."""
+        self._retiring = True
+        for waiter in self._slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def close(self) -> None:
         """Stop the consumers; waiting steps fail as unavailable; states are dropped."""

@@ -282,3 +282,24 @@ def test_a_freed_slot_goes_to_the_start_that_waited_first(tmp_path: Path) -> Non
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def test_a_retired_model_fails_the_starts_waiting_for_a_slot(tmp_path: Path) -> None:
+    """An unload waits for the model's in-flight requests; a START waiting for a slot is one,
+    and waited out max_sequence_idle (up to hours) before the unload could go on."""
+    async def main() -> None:
+        sequencer = _growing(tmp_path)  # one slot, 5 s idle
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
+                                               sequence_start=True))
+        while not sequencer.waiting_starts:
+            await asyncio.sleep(0.001)
+        sequencer.retire()
+        with pytest.raises(ServerUnavailable, match="being unloaded"):
+            await asyncio.wait_for(waiting, 2)
+        assert (await _infer(sequencer, one, sequence_id=1, sequence_end=True)).tolist() == [
+            2.0]  # the live sequence still runs
+        await sequencer.close()
+
+    asyncio.run(main())
