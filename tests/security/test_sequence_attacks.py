@@ -208,3 +208,30 @@ def test_an_id_past_64_bits_in_json_gets_the_id_range(server: RunningServer) -> 
     reply = infer(server.url, "plain", body)
     assert reply.status == 400
     assert "18446744073709551615" in reply.error, reply.error
+
+
+def test_an_unload_fails_the_starts_waiting_for_a_slot_at_once(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """The registry retires the version before waiting for its in-flight requests: a START
+    waiting for one of the full table's slots counted as one, so the unload waited until an
+    idle sequence expired (here 10 minutes; the HTTP unload call gives up after 20 s)."""
+    _plain_model(tmp_path)
+    config = tmp_path / "plain" / "config.pbtxt"
+    config.write_text(config.read_text().replace("5000000", "600000000"))
+    server = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "plain")
+    _fill_plain(server, 1)
+    answer: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            _step(_client(server, "http"), "http", "plain", sequence_id=99, sequence_start=True)
+        except InferenceServerException as exc:
+            answer["error"] = exc
+
+    waiting = threading.Thread(target=start)
+    waiting.start()
+    wait_until_queued(server.url, "plain", 1, timeout_s=10)
+    httpclient.InferenceServerClient(server.url, network_timeout=20.0).unload_model("plain")
+    waiting.join(20)
+    error = answer["error"]
+    assert str(error.status()) == "503", error.message()

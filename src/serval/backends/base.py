@@ -117,6 +117,11 @@ class Runner(Protocol):
 
     async def drain(self) -> None: ...
 
+    def retire(self) -> None:
+        """The version is going (unload, reload, retirement): fail at once what would only
+        hold its in-flight count up while it drains (a Sequencer's STARTs waiting for a
+        slot); what runs or is queued still completes."""
+
     async def close(self) -> None: ...
 
 

@@ -76,6 +76,9 @@ class Pipeline:
     async def drain(self) -> None:
         return None
 
+    def retire(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -214,6 +214,9 @@ class Batcher:
             self._idle.clear()
             await self._idle.wait()
 
+    def retire(self) -> None:
+        return None  # what is queued is answered while the version drains
+
     async def close(self) -> None:
         """Stop the consumers; requests still queued fail as unavailable."""
         self._closed = True

@@ -379,6 +379,8 @@ class ModelRegistry(ModelTable):
             served.state, served.reason = ModelState.UNAVAILABLE, reason
             return
         served.state, served.reason = ModelState.UNAVAILABLE, reason
+        if served.runner is not None:
+            served.runner.retire()
         while served.in_flight:
             await asyncio.sleep(0.005)
         await self._release(served, ModelState.UNAVAILABLE, reason)
