@@ -39,16 +39,17 @@ from serval.backends.isolated import (
     serve_child,
 )
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
-from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.backends.pipe_responses import RESPONSE as _RESPONSE
+from serval.backends.pipe_responses import recv_response as recv_response  # (tests import
+from serval.backends.pipe_responses import send_response as send_response  # them from here)
 from serval.backends.worker_guard import end_group
-from serval.errors import BackendError, EngineRejectedInput, ServalError, ServerUnavailable
+from serval.errors import BackendError, ServalError, ServerUnavailable
 from serval.protocol.types import InferRequest, TensorDict
 
 log = logging.getLogger(__name__)
 
 _STREAMS = "streams"  # parent -> child: a batch of requests, each with its stream id
 _CONTROL = "control"  # parent -> child: [(ack | cancel, stream id, count)]
-_RESPONSE = "response"  # child -> parent: one response of one stream
 _EXECUTED = "executed"  # child -> parent: a batch's execute() returned (results follow)
 _FAILED = "failed"  # child -> parent: a batch's execute() raised
 STOP_WRITER_S = 5.0
@@ -240,33 +241,6 @@ def _sink_of(request: InferRequest) -> ResponseSink:
     return request.sink
 
 
-# one response on the wire: (RESPONSE, stream id, final, status), tensors after a None status
-
-def send_response(conn: Connection, stream_id: int, response: ModelResponse) -> None:
-    error, outputs = response.error, response.outputs
-    status: tuple[str, ...] | None
-    if isinstance(error, EngineRejectedInput):
-        status = ("rejected", error.message, error.detail)
-    elif error is not None:
-        status = ("failed", error.message)
-    else:
-        status = ("empty",) if outputs is None else None
-    conn.send((_RESPONSE, stream_id, response.final, status))
-    if status is None and outputs is not None:
-        send_tensors(conn, outputs)
-
-
-def recv_response(conn: Connection, final: bool, status: tuple[str, ...] | None
-                  ) -> ModelResponse:
-    if status is None:
-        return ModelResponse(outputs=recv_tensors(conn), final=final)
-    if status[0] == "rejected":
-        return ModelResponse(error=EngineRejectedInput(status[1], status[2]), final=final)
-    if status[0] == "failed":
-        return ModelResponse(error=BackendError(status[1]), final=final)
-    return ModelResponse(final=final)
-
-
 # the child ----------------------------------------------------------------------------------
 
 def stream_child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
@@ -366,6 +340,8 @@ class ChildSink:
         self._room = threading.Condition()
         self._cancelled = False
         self._ended = False
+        self._on_taken: Callable[[], None] | None = None  # a generator model keeps its window
+        self._on_cancelled: Callable[[], None] | None = None
 
     def send(self, response: ModelResponse) -> bool:
         with self._room:
@@ -389,7 +365,9 @@ class ChildSink:
         return True
 
     def relay(self, taken: Callable[[], None], cancelled: Callable[[], None]) -> None:
-        """Not used in the child: the parent relays."""
+        """A model that forwards (keeping the window itself) is told of each credit and of
+        the cancellation."""
+        self._on_taken, self._on_cancelled = taken, cancelled
 
     def is_cancelled(self) -> bool:
         return self._cancelled
@@ -398,9 +376,15 @@ class ChildSink:
         with self._room:
             self._credit += count
             self._room.notify_all()
+        taken = self._on_taken
+        if taken is not None:
+            for _ in range(count):
+                taken()
 
     def cancel(self) -> None:
         with self._room:
             self._cancelled = True
             self._room.notify_all()
         self._streams.sinks.pop(self._id, None)
+        if self._on_cancelled is not None:
+            self._on_cancelled()
