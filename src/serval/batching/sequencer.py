@@ -19,7 +19,6 @@ from serval.batching.batcher import fail_unloaded, stop_consumers
 from serval.batching.policy import signature_of
 from serval.batching.sequence_policy import (
     LiveSequence,
-    SequenceFlags,
     SequenceId,
     SequenceStep,
     SequenceTable,
@@ -28,6 +27,7 @@ from serval.batching.sequence_policy import (
     queue_delay_left_ns,
     sequence_flags,
 )
+from serval.batching.sequence_slots import UNLOADING, SlotQueue
 from serval.batching.sequence_tensors import (
     Row,
     check_corrid,
@@ -41,7 +41,6 @@ from serval.errors import (
     BackendError,
     EngineRejectedInput,
     InvalidInput,
-    Overloaded,
     ServalError,
     ServerUnavailable,
 )
@@ -80,12 +79,9 @@ class Sequencer:
         self._wakeup = asyncio.Event()
         self._settled = asyncio.Event()  # set while no step waits or runs
         self._settled.set()
-        self._slot_waiters: list[asyncio.Future[None]] = []
-        self._backlog: dict[SequenceId, asyncio.Future[LiveSequence]] = {}
-        self._waiting = 0  # steps waiting for their sequence's slot
+        self._slots = SlotQueue(self._table, clock, stats.name, self._wakeup.set)
         self._running = 0
         self._closed = False
-        self._retiring = False  # retire(): no START waits for a slot
         self._owns_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(
             instances, thread_name_prefix=f"sequence-{stats.name}")
@@ -94,7 +90,7 @@ class Sequencer:
     @property
     def queued(self) -> int:
         """Steps waiting: in live sequences, and for a slot (a START and the steps behind it)."""
-        return self._waiting + self._table.waiting_steps
+        return self._slots.waiting + self._table.waiting_steps
 
     @property
     def running(self) -> int:
@@ -107,7 +103,7 @@ class Sequencer:
     @property
     def waiting_starts(self) -> int:
         """New sequences waiting for a free slot."""
-        return len(self._slot_waiters)
+        return self._slots.waiting_starts
 
     def check_capacity(self, deadline_ns: int | None = None) -> None:
         """Nothing to refuse before decoding: a slot is judged by the request's sequence."""
@@ -116,7 +112,7 @@ class Sequencer:
                     request: InferRequest | None = None) -> TensorDict:
         """Run one step of the request's sequence; its outputs (state outputs hidden)."""
         if self._closed:
-            raise ServerUnavailable("the model is being unloaded")
+            raise ServerUnavailable(UNLOADING)
         flags = sequence_flags(request.parameters if request else {}, self._stats.name)
         check_corrid(self._settings, flags.id, self._stats.name)
         if self._batched and any(a.shape[0] != 1 for a in inputs.values()):
@@ -124,9 +120,9 @@ class Sequencer:
                                "is one step of one sequence, batch size 1")
         if flags.start and len(self._table.live) >= self._table.capacity:
             self.expire_idle()  # a new sequence may find a slot an idle one held
-        sequence = await self._admit(flags, deadline_ns)
+        sequence = await self._slots.admit(flags, deadline_ns)
         if self._closed:  # closed while this step waited for its sequence's start
-            raise ServerUnavailable("the model is being unloaded")
+            raise ServerUnavailable(UNLOADING)
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
         self._table.queue(sequence, SequenceStep(inputs, flags, signature_of(inputs), future,
                                                  self._clock(), deadline_ns, request))
@@ -134,98 +130,12 @@ class Sequencer:
         self._wakeup.set()
         return await future
 
-    async def _admit(self, flags: SequenceFlags, deadline_ns: int | None) -> LiveSequence:
-        """The step's live sequence. A new one without a free slot waits for one (its next
-        steps queue behind it: the backlog), then 429."""
-        backlog = self._backlog.get(flags.id)
-        if backlog is not None and not flags.start:
-            self._waiting += 1
-            try:
-                return await asyncio.shield(backlog)
-            finally:
-                self._left_waiting()
-        live = len(self._table.live)
-        try:  # a new sequence queues behind those waiting for a slot (the one it frees
-            sequence = None if (  # expiring idle ones is theirs): else they starve
-                flags.start and self._slot_waiters and flags.id not in self._table.live
-            ) else self._table.admit(flags, self._clock())
-        except InvalidInput:
-            if len(self._table.live) < live:  # a late step freed its idle sequence's slot
-                self._wake_slot_waiter()
-            raise
-        if sequence is not None:
-            return sequence
-        backlog = asyncio.get_running_loop().create_future()
-        self._backlog[flags.id] = backlog
-        self._waiting += 1
-        try:
-            sequence = await self._wait_for_slot(flags, deadline_ns)
-        except (ServalError, asyncio.CancelledError) as exc:
-            # the steps behind it fail too; a start its client gave up on started nothing
-            backlog.set_exception(exc if isinstance(exc, ServalError) else InvalidInput(
-                f"sequence {flags.id!r} of model '{self._stats.name}' did not start: its "
-                "first request (sequence_start) was cancelled while it waited for a slot; "
-                "start it again"))
-            backlog.exception()  # retrieved: a backlog nobody followed logs nothing
-            raise
-        finally:
-            self._left_waiting()
-            if self._backlog.get(flags.id) is backlog:
-                del self._backlog[flags.id]
-        backlog.set_result(sequence)
-        return sequence
-
-    def _left_waiting(self) -> None:
-        """A step stopped waiting for its sequence's slot: the consumer looks again (drain()
-        learns when none waits)."""
-        self._waiting -= 1
-        self._wakeup.set()
-
-    async def _wait_for_slot(self, flags: SequenceFlags, deadline_ns: int | None
-                             ) -> LiveSequence:
-        limit_ns = self._clock() + self._table.idle_ns
-        if deadline_ns is not None:
-            limit_ns = min(limit_ns, deadline_ns)
-        while True:
-            left_s = (limit_ns - self._clock()) / 1e9
-            if self._closed or self._retiring:
-                raise ServerUnavailable("the model is being unloaded")
-            if left_s <= 0:
-                raise Overloaded(
-                    f"model '{self._stats.name}' has all {self._table.capacity} sequence slots "
-                    "held by live sequences; retry when one ends",
-                    retry_after_s=max(0.1, self._table.idle_ns / 1e9))
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._slot_waiters.append(waiter)
-            try:
-                await asyncio.wait_for(waiter, left_s)
-            except TimeoutError:
-                pass
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._wake_slot_waiter()  # woken for a slot it will not take: pass it on
-                raise
-            finally:
-                with contextlib.suppress(ValueError):
-                    self._slot_waiters.remove(waiter)
-            if self._closed or self._retiring:  # close() freed every slot: taking one
-                raise ServerUnavailable("the model is being unloaded")  # queued a step for ever
-            sequence = self._table.admit(flags, self._clock())
-            if sequence is not None:
-                return sequence
-
     def expire_idle(self) -> int:
         """Free the slots (and states) of sequences idle past max_sequence_idle; how many."""
         expired = self._table.expire(self._clock())
         for _ in expired:
-            self._wake_slot_waiter()
+            self._slots.wake_one()
         return len(expired)
-
-    def _wake_slot_waiter(self) -> None:
-        for waiter in self._slot_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-                return
 
     async def drain(self) -> None:
         """Wait until no step waits or runs (live sequences may stay)."""
@@ -237,10 +147,7 @@ class Sequencer:
         """The model is going: STARTs waiting for a slot fail now (503), not after waiting out
         max_sequence_idle, which an unload waiting for in-flight requests would wait too;
         live sequences' steps still run until close()."""
-        self._retiring = True
-        for waiter in self._slot_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._slots.stop()
 
     async def close(self) -> None:
         """Stop the consumers; waiting steps fail as unavailable; states are dropped."""
@@ -250,9 +157,7 @@ class Sequencer:
             for step in sequence.steps:
                 fail_unloaded(step.future)
             self._table.release(sequence)
-        for waiter in self._slot_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._slots.stop()
         if self._owns_executor:
             self._executor.shutdown(wait=True)
 
@@ -408,7 +313,7 @@ class Sequencer:
             "before this request; start it again with sequence_start"))
         sequence.steps.clear()
         self._table.release(sequence)
-        self._wake_slot_waiter()
+        self._slots.wake_one()
 
 
 def _fail(steps: list[SequenceStep], error: ServalError) -> None:
