@@ -125,8 +125,11 @@ class Model:
         yield {"OUT": [[1, 2], "text", None, np.zeros([2], np.float64)][int(inputs["N"][0])]}
 '''
 
-# Serval's own decoupled model: N responses of SIZE bytes, yielded as fast as they are taken
+# Serval's own decoupled model: N responses of SIZE bytes, yielded as fast as they are taken;
+# `closed-SIZE` beside it once the generator is closed
 GENERATOR = '''
+from pathlib import Path
+
 import numpy as np
 
 
@@ -135,9 +138,13 @@ class Model:
         pass
 
     def infer(self, inputs):
-        payload = np.zeros([int(inputs["SIZE"][0])], np.uint8)
-        for _ in range(int(inputs["N"][0])):
-            yield {"OUT": payload}
+        size = int(inputs["SIZE"][0])
+        payload = np.zeros([size], np.uint8)
+        try:
+            for _ in range(int(inputs["N"][0])):
+                yield {"OUT": payload}
+        finally:
+            (Path(__file__).parent / f"closed-{size}").write_text("")
 '''
 
 GENERATOR_CONFIG = """\
@@ -345,3 +352,26 @@ def test_a_client_that_reads_nothing_does_not_hold_a_generator_models_instance(
         assert not rest[-1].infer_response.raw_output_contents
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("model", ["generator", "generator_process"])
+def test_a_parked_generator_is_closed_when_its_client_goes(
+        server: RunningServer, repository: Path, model: str) -> None:
+    """A client that read one response of a million, then went: its parked generator is
+    closed when the call ends (not left parked for ever), and the model serves on. The call
+    ends at its deadline here: a stalled stream's cancel or closed connection reaches the
+    server only then, or at the send timeout (the transport's open bug)."""
+    release = threading.Event()
+    with _channel(server) as hog_channel:
+        hog = _stream(hog_channel, [_flood_request("gone", 1_000_000, 100_003, model)], release,
+                      timeout_s=3.0)
+        assert next(hog).infer_response.id == "gone"
+        marker = repository / model / "1" / "closed-100003"
+        assert not marker.exists()
+        release.set()  # (the channel's close waits for the thread sending its requests)
+    _wait_for(marker)
+    with _channel(server) as other:
+        release = threading.Event()
+        answer = next(_stream(other, [_flood_request("after", 1, 1, model)], release))
+        release.set()
+    assert answer.infer_response.id == "after" and not answer.error_message
