@@ -163,7 +163,8 @@ class ServerConfig(Strict):
     exit_timeout_s: float = Field(
         30.0, ge=0.0, le=86_400.0,
         description="on SIGTERM, after the drain delay: how long in-flight and queued work may "
-        "take before the server exits anyway (Triton's --exit-timeout-secs)")
+        "take before the server exits anyway (Triton's --exit-timeout-secs); an unloaded or "
+        "replaced model version's in-flight requests get as long, then 503")
 
     @field_validator("node_name")
     @classmethod

@@ -18,7 +18,7 @@ import pytest
 from tests import fixture_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import Reply, call, infer, wait_until_idle, wait_until_running
-from tests.triton_python_models import write
+from tests.triton_python_models import write, write_pbtxt
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -208,6 +208,47 @@ def test_a_cycle_of_bls_calls_is_refused_not_wedged(server_factory: Factory,
         assert (f"model '{model}' is waiting on this call already (it called '{other}'"
                 in reply.error)
     assert _unload(server, "ping").status == 200
+
+
+# streams from a decoupled model with exec(decoupled=True); the decoupled model answers each
+# request with what `run` (CALLS's: a plain call back) gives, as one final response
+PLAIN_CALL = """        reply = pb_utils.InferenceRequest(model_name="{other}", inputs=[x],
+                                          requested_output_names=["OUTPUT0"]).exec()
+        if reply.has_error():"""
+STREAMS = CALLS.replace(PLAIN_CALL, """        for reply in pb_utils.InferenceRequest(
+                model_name="{other}", inputs=[x],
+                requested_output_names=["OUTPUT0"]).exec(decoupled=True):
+            if reply.has_error() or reply.output_tensors():
+                break
+        if reply.has_error():""")
+DECOUPLED_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+"""
+
+
+def test_a_cycle_through_a_streamed_call_is_refused_not_wedged(server_factory: Factory,
+                                                               tmp_path: Path) -> None:
+    """ping streams from the decoupled pong, which calls ping back: refused like a plain
+    cycle (the streamed call's request carries the models waiting on it too)."""
+    write(tmp_path, "ping", STREAMS.replace("{other}", "pong"), CONFIG)
+    write_pbtxt(tmp_path, "pong", CALLS.replace("{other}", "ping").replace(
+        "    def execute(self, requests):", "    def execute_calls(self, requests):") + '''
+    def execute(self, requests):  # decoupled: each answer goes through the request's sender
+        for request, response in zip(requests, self.execute_calls(requests)):
+            request.get_response_sender().send(
+                response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+''', DECOUPLED_PBTXT)
+    server = _serve(server_factory, tmp_path)
+    assert _load(server, "ping").status == 200 and _load(server, "pong").status == 200
+    reply = infer(server.url, "ping", {**X, "parameters": {"timeout": 20_000_000}})
+    assert reply.status == 400, reply.body
+    assert "model 'ping' is waiting on this call already (it called 'pong'" in reply.error
 
 
 def test_a_client_cannot_make_a_models_bls_calls_look_like_a_cycle(server_factory: Factory,

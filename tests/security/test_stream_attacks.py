@@ -375,3 +375,27 @@ def test_a_parked_generator_is_closed_when_its_client_goes(
         answer = next(_stream(other, [_flood_request("after", 1, 1, model)], release))
         release.set()
     assert answer.infer_response.id == "after" and not answer.error_message
+
+
+def test_an_unload_is_not_held_by_a_stream_whose_client_reads_nothing(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """A live decoupled stream holds its model version; an unload waited for it without bound
+    (its client reads nothing, so the model never gets to its final response). The version
+    now gets --exit-timeout-s, then is released and the stream fails."""
+    write_pbtxt(tmp_path, "flood", FLOOD, FLOOD_PBTXT)
+    server = server_factory(tmp_path, "--allow-python-models", "--model-control", "explicit",
+                            "--load-model", "flood", "--exit-timeout-s", "1")
+    release = threading.Event()
+    with _channel(server) as channel:
+        responses = _stream(channel, [_flood_request("held", 1_000_000, 1000)], release)
+        try:
+            assert not next(responses).error_message  # the stream is live, then read no more
+            connection = http.client.HTTPConnection(server.url, timeout=20)
+            connection.request("POST", "/v2/repository/models/flood/unload")
+            reply = connection.getresponse()
+            assert reply.status == 200, reply.read()
+            reply.read()
+            connection.request("GET", "/v2/models/flood/ready")
+            assert connection.getresponse().status != 200
+        finally:
+            release.set()

@@ -116,7 +116,8 @@ async def stream_responses(runner: Runner, inputs: TensorDict, deadline_ns: int 
     ends the stream with that error. Closing the iterator early cancels the request."""
     channel = ResponseChannel(asyncio.get_running_loop(), window)
     stream_request = StreamRequest(request.inputs, request.outputs, request.id,
-                                   request.parameters, request.binary_output, sink=channel)
+                                   request.parameters, request.binary_output, sink=channel,
+                                   waiting_models=request.waiting_models)
     accepted = asyncio.ensure_future(runner.infer(inputs, deadline_ns, stream_request))
     accepted.add_done_callback(lambda task: _end_on_failure(task, channel))
     try:

@@ -155,7 +155,8 @@ def serve_command(
         server_default("exit_timeout_s"), "--exit-timeout-s", "--exit-timeout-secs",
         parser=seconds, metavar="DURATION", rich_help_panel=_BALANCER,
         help="On SIGTERM, after the drain delay, how long in-flight and queued requests may "
-        "take; then the server exits anyway (a model that hangs cannot hold it up)."),
+        "take; then the server exits anyway (a model that hangs cannot hold it up). An "
+        "unloaded or replaced model version's in-flight requests get as long, then 503."),
     max_connections: int = _limit(
         "max_connections", "Open connections, HTTP and gRPC together; at the limit a new one "
         "replaces the oldest idle one (0: from the file-descriptor limit, at most 10,000)."),

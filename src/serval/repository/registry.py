@@ -60,12 +60,14 @@ class ModelRegistry(ModelTable):
         max_concurrent_loads: int = server_default("max_concurrent_loads"),
         engine_threads: int = 8,
         response_cache_bytes: int = 0,
+        retire_timeout_s: float = 30.0,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         super().__init__(root, control)
         self.memory_budget_bytes = memory_budget_bytes
         self._steps = StepRouter()  # the data plane's per-model path, once it routes here
         self._clock = clock
+        self._retire_timeout_ns = int(retire_timeout_s * 1e9)
         self._memory = MemoryKeeper()
         self.cache = ResponseCache(response_cache_bytes)  # of models that opt in
         self._loader = VersionLoader(
@@ -381,8 +383,15 @@ class ModelRegistry(ModelTable):
         served.state, served.reason = ModelState.UNAVAILABLE, reason
         if served.runner is not None:
             served.runner.retire()
-        while served.in_flight:
+        # bounded: a model that hangs, or a decoupled stream whose client reads nothing, would
+        # hold the unload (and the version's memory) for ever; what still runs then gets 503
+        ends_ns = self._clock() + self._retire_timeout_ns
+        while served.in_flight and self._clock() < ends_ns:
             await asyncio.sleep(0.005)
+        if served.in_flight:
+            log.warning("model version released with requests in flight",
+                        extra={"model": served.name, "version": served.version,
+                               "in_flight": served.in_flight})
         await self._release(served, ModelState.UNAVAILABLE, reason)
 
     async def _release(self, served: ServedModel, state: ModelState, reason: str) -> None:

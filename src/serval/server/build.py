@@ -177,6 +177,7 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
         max_concurrent_loads=config.max_concurrent_loads,
         engine_threads=max(8, 2 * cores),
         response_cache_bytes=int(config.response_cache_bytes),
+        retire_timeout_s=config.exit_timeout_s,
     )
 
 

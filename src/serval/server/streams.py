@@ -71,6 +71,9 @@ async def infer_stream(dataplane: DataPlane, name: str, version: str | None,
         async with dataplane.registry.acquire(name, version) as served:
             if served.model is None or served.runner is None:
                 raise ModelNotReady(not_ready_message(served))
+            if not served.model.metadata.decoupled:  # reloaded since the caller looked
+                raise ModelNotReady(f"model '{name}' was reloaded and is no longer decoupled; "
+                                    "send the request again")
             validate_request(request, served.model.metadata, name)
             _refuse_shared_memory_outputs(request, name)
             outcome = "cancelled"
