@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -47,7 +46,7 @@ STREAM_WINDOW = 128  # responses a stream's decoupled requests may hold untaken,
 MIN_WINDOW = 2  # a request's own, whatever the others hold (1 would stall on every ack)
 
 
-Stream = Callable[..., AsyncGenerator[StreamedResponse, None]]  # (request[, window=])
+Stream = Callable[[Any, int], AsyncGenerator[StreamedResponse, None]]  # (request, window)
 
 
 class StreamCall:
@@ -55,8 +54,8 @@ class StreamCall:
 
     `ordered(request)` is a request's one answer (a model that is not decoupled, or an error),
     `decoupled(request)` says which a request is (a bool, or an awaitable when that takes a
-    load), `stream(request[, window=])` runs a decoupled one (its window lent from the
-    stream's budget when it takes one).
+    load), `stream(request, window)` runs a decoupled one (its window lent from the
+    stream's budget).
 
     Every request of a stream passes here, so the bookkeeping is plain counters, a deque and
     single waiters rather than asyncio's Semaphore and Queue (pure Python, several calls each)."""
@@ -78,7 +77,6 @@ class StreamCall:
         self._tasks: set[asyncio.Task[None]] = set()
         self._previous: asyncio.Future[None] | None = None  # the last ordered answer is out
         self._started = 0
-        self._windowed = "window" in inspect.signature(stream).parameters
         self._lent = 0  # of STREAM_WINDOW, to the decoupled requests running
 
     async def answers(self, requests: AsyncIterator[Any]) -> AsyncGenerator[Answer, None]:
@@ -190,9 +188,7 @@ class StreamCall:
         window = max(MIN_WINDOW, min(DEFAULT_WINDOW, STREAM_WINDOW - self._lent))
         self._lent += window
         try:
-            responses = (self._run_stream(request, window=window) if self._windowed
-                         else self._run_stream(request))
-            async with contextlib.aclosing(responses) as stream:
+            async with contextlib.aclosing(self._run_stream(request, window)) as stream:
                 async for item in stream:
                     final = item.final
                     await self._hand_on(_stream_answer(request, item), final)

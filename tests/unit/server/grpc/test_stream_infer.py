@@ -43,7 +43,7 @@ class Scripted:
     async def decoupled(self, request: Any) -> bool:
         return bool(request.id.startswith("d"))
 
-    async def stream(self, request: Any) -> AsyncGenerator[StreamedResponse, None]:
+    async def stream(self, request: Any, window: int) -> AsyncGenerator[StreamedResponse, None]:
         queue = self.queues.setdefault(request.id, asyncio.Queue())
         try:
             while True:
