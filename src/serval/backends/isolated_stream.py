@@ -40,8 +40,7 @@ from serval.backends.isolated import (
 )
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
 from serval.backends.pipe_responses import RESPONSE as _RESPONSE
-from serval.backends.pipe_responses import recv_response as recv_response  # (tests import
-from serval.backends.pipe_responses import send_response as send_response  # them from here)
+from serval.backends.pipe_responses import recv_response, send_response
 from serval.backends.worker_guard import end_group
 from serval.errors import BackendError, ServalError, ServerUnavailable
 from serval.protocol.types import InferRequest, TensorDict

@@ -15,12 +15,8 @@ import numpy as np
 import pytest
 
 from serval.backends.base import ModelResponse, ModelVersionSpec, StreamRequest
-from serval.backends.isolated_stream import (
-    IsolatedStreamModel,
-    StreamingIsolatedBackend,
-    recv_response,
-    send_response,
-)
+from serval.backends.isolated_stream import IsolatedStreamModel, StreamingIsolatedBackend
+from serval.backends.pipe_responses import recv_response, send_response
 from serval.backends.python import PythonBackend
 from serval.errors import BackendError, EngineRejectedInput
 from serval.repository.triton_config import load_pbtxt
