@@ -89,13 +89,22 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
         with urllib.request.urlopen(f"http://{server.url}/v2/models/linear/stats") as r:
             return sum(s["inference_count"] for s in json.load(r)["model_stats"])
 
+    def clients(pid: int) -> int:
+        """The loadtest's connections to the server: its clients, once its run has begun
+        (the session's server also answers other tests' leftovers, so the count alone could
+        rise before this process got that far, and Ctrl-C would land in its start-up)."""
+        lines = subprocess.run(["ss", "-tnpH", "state", "established",
+                                f"dport = :{server.port}"], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        return sum(f"pid={pid}," in line for line in lines)
+
     before = answered()
     run = subprocess.Popen([sys.executable, "-m", "serval", "loadtest", f"http://{server.url}",
                             "-m", "linear", "--duration", "60s", "--warmup", "0s", "-c", "4",
                             "--no-ceiling"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     try:
-        while answered() <= before + 50:  # the run is under way (its clients are answered)
+        while clients(run.pid) < 4 or answered() <= before + 50:  # the run is under way
             assert run.poll() is None, run.communicate()
         run.send_signal(signal.SIGINT)
         _, stderr = run.communicate(timeout=30)
