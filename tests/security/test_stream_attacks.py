@@ -157,15 +157,7 @@ outputs:
   - {name: OUT, datatype: UINT8, dims: [-1]}
 """
 
-MISTYPED_CONFIG = """\
-backend: python
-max_batch_size: 0
-inputs:
-  - {name: N, datatype: INT32, dims: [1]}
-  - {name: SIZE, datatype: INT32, dims: [1]}
-outputs:
-  - {name: OUT, datatype: INT32, dims: [-1]}
-"""
+MISTYPED_CONFIG = GENERATOR_CONFIG.replace("datatype: UINT8", "datatype: INT32")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -86,14 +87,19 @@ def check_corrid(settings: SequenceBatchingConfig, sequence_id: SequenceId, mode
             raise InvalidInput(f"model '{model}' takes integer sequence ids (its CORRID "
                                f"control is {control.datatype}); got the string "
                                f"{sequence_id[:64]!r}")
-        dtype = numpy_dtype(control.datatype)
-        if dtype.kind not in "iu":
-            continue  # a float CORRID (config.yaml) takes any id, rounded
-        largest = int(np.iinfo(dtype).max)
-        if sequence_id > largest:
+        largest = _largest_id(control.datatype)
+        if largest is not None and sequence_id > largest:
             raise InvalidInput(f"parameter 'sequence_id' {sequence_id} is out of range for "
                                f"model '{model}': its CORRID control is {control.datatype}, "
                                f"ids 1 to {largest}")
+
+
+@cache
+def _largest_id(datatype: str) -> int | None:
+    """The largest id an integer CORRID of `datatype` carries (once per datatype, not per
+    request); None for a float CORRID (config.yaml), which takes any id, rounded."""
+    dtype = numpy_dtype(datatype)
+    return int(np.iinfo(dtype).max) if dtype.kind in "iu" else None
 
 
 def control_tensors(controls: list[SequenceControl], rows: list[Row | None], batched: bool

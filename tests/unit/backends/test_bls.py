@@ -186,18 +186,26 @@ def test_a_cancelled_stream_ends_with_the_cancelled_error() -> None:
     assert not serving.is_alive()  # the parent's call ended: nothing left running
 
 
-def test_a_reply_arriving_after_execute_returned_reaches_its_caller() -> None:
-    """A call the model left running when its execute() returned: the child's main loop,
-    reading the pipe for the next batch, hands the late reply to the waiting caller and
-    returns the next batch message."""
-    child, parent = Pipe()
-    channel = bls.ChildChannel(child)
+def _late_call(channel: bls.ChildChannel, parent: Any
+               ) -> tuple[threading.Thread, list[Any], Any]:
+    """A call from a model thread (to 'twice'), read by the parent: the thread, where its
+    answer goes, and the call's head."""
     answers: list[Any] = []
     late = threading.Thread(target=lambda: answers.append(
         channel.call("twice", None, {"X": np.ones(1)}, None, {}, 0)), daemon=True)
     late.start()
     _, head = parent.recv()
     recv_tensors(parent)  # its inputs
+    return late, answers, head
+
+
+def test_a_reply_arriving_after_execute_returned_reaches_its_caller() -> None:
+    """A call the model left running when its execute() returned: the child's main loop,
+    reading the pipe for the next batch, hands the late reply to the waiting caller and
+    returns the next batch message."""
+    child, parent = Pipe()
+    channel = bls.ChildChannel(child)
+    late, answers, head = _late_call(channel, parent)
     got: list[Any] = []
     main_loop = threading.Thread(target=lambda: got.append(channel.receive()), daemon=True)
     main_loop.start()
@@ -218,12 +226,7 @@ def test_a_late_call_waiting_for_its_reply_reads_the_next_batch_whole_for_the_ma
         return message[0], read_arrays(child, message[1]) if message[0] == "tensors" else None
 
     channel = bls.ChildChannel(child, payload=payload)
-    answers: list[Any] = []
-    late = threading.Thread(target=lambda: answers.append(
-        channel.call("twice", None, {"X": np.ones(1)}, None, {}, 0)), daemon=True)
-    late.start()
-    _, head = parent.recv()
-    recv_tensors(parent)  # its inputs
+    late, answers, head = _late_call(channel, parent)
     while not channel._reading:  # the late caller reads the pipe, waiting for its reply
         late.join(0.01)
     send_tensors(parent, {"batch": np.arange(6, dtype=np.int32)})

@@ -123,6 +123,15 @@ async def _infer(sequencer: Sequencer, array: np.ndarray, **parameters: Any) -> 
     return outputs["OUTPUT"]
 
 
+async def _start_waiting(sequencer: Sequencer, one: np.ndarray) -> asyncio.Future[Any]:
+    """Sequence 1 takes the one slot; sequence 2's START, returned, waits for one."""
+    await _infer(sequencer, one, sequence_id=1, sequence_start=True)
+    waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2, sequence_start=True))
+    while not sequencer.waiting_starts:
+        await asyncio.sleep(0.001)
+    return waiting
+
+
 def test_one_sequences_bad_values_do_not_fail_its_batch_mates(tmp_path: Path) -> None:
     """An index out of the table in one sequence's step failed every step of its batch
     (other clients' sequences) with that client's error."""
@@ -170,11 +179,7 @@ def test_a_start_waiting_for_a_slot_fails_when_the_model_closes(tmp_path: Path) 
     async def main() -> None:
         sequencer = _growing(tmp_path)  # not batched, one instance: one slot
         one = np.ones(1, np.float32)
-        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
-        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
-                                               sequence_start=True))
-        while not sequencer.waiting_starts:
-            await asyncio.sleep(0.001)
+        waiting = await _start_waiting(sequencer, one)
         await sequencer.close()
         with pytest.raises(ServerUnavailable):
             await asyncio.wait_for(waiting, 5)
@@ -216,11 +221,7 @@ def test_a_slot_a_late_step_frees_goes_to_the_start_waiting_for_one(tmp_path: Pa
         now = [0]
         sequencer = _growing(tmp_path, lambda: now[0])  # one slot, 5 s idle
         one = np.ones(1, np.float32)
-        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
-        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
-                                               sequence_start=True))
-        while not sequencer.waiting_starts:
-            await asyncio.sleep(0.001)
+        waiting = await _start_waiting(sequencer, one)
         now[0] += 5_000_000_000  # sequence 1 is idle past its time
         with pytest.raises(InvalidInput, match="idle"):
             await _infer(sequencer, one, sequence_id=1)
@@ -267,11 +268,7 @@ def test_a_freed_slot_goes_to_the_start_that_waited_first(tmp_path: Path) -> Non
         now = [0]
         sequencer = _growing(tmp_path, lambda: now[0])  # one slot, 5 s idle
         one = np.ones(1, np.float32)
-        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
-        first = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
-                                             sequence_start=True))
-        while not sequencer.waiting_starts:
-            await asyncio.sleep(0.001)
+        first = await _start_waiting(sequencer, one)
         now[0] += 5_000_000_000  # sequence 1 is idle past its time
         second = asyncio.ensure_future(_infer(sequencer, 2 * one, sequence_id=3,
                                               sequence_start=True, sequence_end=True))
@@ -290,11 +287,7 @@ def test_a_retired_model_fails_the_starts_waiting_for_a_slot(tmp_path: Path) -> 
     async def main() -> None:
         sequencer = _growing(tmp_path)  # one slot, 5 s idle
         one = np.ones(1, np.float32)
-        await _infer(sequencer, one, sequence_id=1, sequence_start=True)
-        waiting = asyncio.ensure_future(_infer(sequencer, one, sequence_id=2,
-                                               sequence_start=True))
-        while not sequencer.waiting_starts:
-            await asyncio.sleep(0.001)
+        waiting = await _start_waiting(sequencer, one)
         sequencer.retire()
         with pytest.raises(ServerUnavailable, match="being unloaded"):
             await asyncio.wait_for(waiting, 2)
