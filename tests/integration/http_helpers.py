@@ -38,6 +38,18 @@ def call(url: str, method: str, path: str, body: bytes | None = None,
         connection.close()
 
 
+def metric(url: str, series: str, missing: float | None = None) -> float:
+    """One series' value on /metrics, e.g. `serval_model_loads_total` or
+    `serval_connections_closed_total{reason="write stall"}`; `missing` if it is absent (a
+    labelled counter not yet counted), else the test fails."""
+    for line in call(url, "GET", "/metrics").body.decode().splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == series:
+            return float(value)
+    assert missing is not None, f"{series} not in /metrics"
+    return missing
+
+
 def infer(url: str, model: str, doc: Any, headers: dict[str, str] | None = None) -> Reply:
     body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
     return call(url, "POST", f"/v2/models/{model}/infer", body, headers)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer
+from tests.integration.http_helpers import call, infer, metric
 
 pytestmark = pytest.mark.integration
 
@@ -122,6 +122,25 @@ def test_prometheus_metrics(server: RunningServer) -> None:
         assert family in text, family
     assert 'serval_requests_total{model="linear",outcome="success",version="1"}' in text
     assert 'serval_model_ready{model="corrupt",version="1"} 0.0' in text
+
+
+def test_metrics_show_the_transports_connections_and_receive_budget(
+        server: RunningServer) -> None:
+    import socket
+
+    held = [socket.create_connection(("127.0.0.1", server.port))
+            for _ in range(3)]
+    try:
+        for sock in held:  # each one answered: admitted and counted
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert metric(server.url, "serval_connections_open") >= 4  # and the scrape's own
+        assert metric(server.url, "serval_connections_limit") >= 64
+        assert metric(server.url, "serval_receive_budget_bytes") == 192 * 2**20
+        assert metric(server.url, "serval_receive_budget_held_bytes") < 192 * 2**20
+    finally:
+        for sock in held:
+            sock.close()
 
 
 BAD_INPUTS = [

@@ -3,7 +3,6 @@ request that arrives while a load of the same model is still under way."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from tests import fixture_models, triton_sequence_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, call, infer, wait_until_running
+from tests.integration.http_helpers import Reply, call, infer, metric, wait_until_running
 
 pytestmark = pytest.mark.integration
 
@@ -37,13 +36,6 @@ def _slow_to_load(root: Path, name: str, warmups: int) -> None:
 def _states(server: RunningServer) -> dict[str, tuple[str, str]]:
     index = call(server.url, "POST", "/v2/repository/index").json()
     return {f"{e['name']}/{e['version']}": (e["state"], e["reason"]) for e in index}
-
-
-def _metric(server: RunningServer, name: str) -> float:
-    text = call(server.url, "GET", "/metrics").body.decode()
-    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -95,7 +87,7 @@ def test_a_load_while_the_same_model_waits_for_a_load_slot_loads_it_once(
     occupying, occupied = _in_background(lambda: infer(server.url, "slow_load", X))
     _wait_for("LOADING", lambda: _states(server)["slow_load/1"][0] == "LOADING")
     waiting, waited = _in_background(lambda: infer(server.url, "cold", pair))
-    _wait_for("a second miss", lambda: _metric(server, "serval_model_cache_misses_total") == 2)
+    _wait_for("a second miss", lambda: metric(server.url, "serval_model_cache_misses_total") == 2)
     assert _states(server)["cold/1"][0] == "UNAVAILABLE"  # its load waits for the slot
     load = call(server.url, "POST", "/v2/repository/models/cold/load")
     occupying.join()
@@ -104,8 +96,8 @@ def test_a_load_while_the_same_model_waits_for_a_load_slot_loads_it_once(
     assert occupied[0].status == 200, occupied[0].body
     assert waited[0].status == 200, waited[0].body
     assert orjson.loads(waited[0].body)["outputs"][0]["data"] == [2.0] * 16
-    assert _metric(server, "serval_model_loads_total") == 2  # slow_load and cold, once each
-    assert _metric(server, "serval_model_cache_misses_total") == 2
+    assert metric(server.url, "serval_model_loads_total") == 2  # slow_load and cold, once each
+    assert metric(server.url, "serval_model_cache_misses_total") == 2
 
 
 def test_clients_over_more_models_than_the_budget_holds(server_factory: Factory,
@@ -132,7 +124,7 @@ def test_clients_over_more_models_than_the_budget_holds(server_factory: Factory,
 
     def watch() -> None:
         while not done.is_set():
-            resident.append(_metric(server, "serval_resident_bytes"))
+            resident.append(metric(server.url, "serval_resident_bytes"))
 
     watcher = threading.Thread(target=watch)
     watcher.start()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import threading
 import time
@@ -18,19 +17,12 @@ from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer, wait_until_running
+from tests.integration.http_helpers import call, infer, metric, wait_until_running
 
 pytestmark = pytest.mark.integration
 
 Factory = Callable[..., RunningServer]
 X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
-
-
-def _metric(server: RunningServer, name: str) -> float:
-    text = call(server.url, "GET", "/metrics").body.decode()
-    match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
 
 
 def _states(server: RunningServer) -> dict[str, str]:
@@ -98,7 +90,7 @@ def test_lazy_mode_loads_once_on_concurrent_first_requests(server_factory: Facto
         fixture_models.heavy(tmp_path, name=f"m{index}", layers=20, width=384)
     server = server_factory(tmp_path, "--model-control", "lazy")
     assert set(_states(server).values()) == {"UNAVAILABLE"}
-    assert _metric(server, "serval_model_loads_total") == 0
+    assert metric(server.url, "serval_model_loads_total") == 0
     doc = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 384],
                                     "data": [0.1] * 384}]})
     statuses: list[int] = []
@@ -109,9 +101,9 @@ def test_lazy_mode_loads_once_on_concurrent_first_requests(server_factory: Facto
     for thread in threads:
         thread.join(timeout=60)
     assert statuses == [200] * 16
-    assert _metric(server, "serval_model_loads_total") == 1
-    assert _metric(server, "serval_model_cache_misses_total") == 16  # all waited for one load
-    assert _metric(server, "serval_model_load_duration_seconds_count") == 1
+    assert metric(server.url, "serval_model_loads_total") == 1
+    assert metric(server.url, "serval_model_cache_misses_total") == 16  # all waited for one load
+    assert metric(server.url, "serval_model_load_duration_seconds_count") == 1
     assert _states(server)["m0/1"] == "READY" and _states(server)["m1/1"] == "UNAVAILABLE"
 
 
@@ -125,10 +117,10 @@ def test_lru_eviction_under_a_memory_budget(server_factory: Factory, tmp_path: P
         assert call(server.url, "POST", f"/v2/models/{name}/infer", doc).status == 200
     states = _states(server)
     assert states["m0/1"] == "EVICTED" and states["m1/1"] == "READY" == states["m2/1"]
-    assert _metric(server, "serval_resident_bytes") <= 6_000_000
+    assert metric(server.url, "serval_resident_bytes") <= 6_000_000
     assert call(server.url, "POST", "/v2/models/m0/infer", doc).status == 200  # reloads
     assert _states(server)["m1/1"] == "EVICTED"  # now the least recently used
-    assert _metric(server, "serval_model_evictions_total") == 2
+    assert metric(server.url, "serval_model_evictions_total") == 2
 
 
 def test_a_busy_model_is_never_evicted(server_factory: Factory, tmp_path: Path) -> None:
@@ -203,14 +195,14 @@ def test_a_load_of_a_changed_model_reloads_it_and_of_an_unchanged_one_does_nothi
     server = server_factory(tmp_path, "--model-control", "explicit", "--load-model", "clf")
     client = triton.InferenceServerClient(server.url)
     before = infer(server.url, "clf", X).json()["outputs"][0]["data"]
-    loads = _metric(server, "serval_model_loads_total")
+    loads = metric(server.url, "serval_model_loads_total")
     client.load_model("clf")  # nothing changed: nothing loads
-    assert _metric(server, "serval_model_loads_total") == loads
+    assert metric(server.url, "serval_model_loads_total") == loads
     replacement = fixture_models.linear(tmp_path / "build", name="clf", seed=7)
     shutil.copyfile(replacement, tmp_path / "clf" / "1" / "model.onnx")
     (tmp_path / "clf" / "config.yaml").write_text("max_batch_size: 4\n")
     client.load_model("clf")
-    assert _metric(server, "serval_model_loads_total") == loads + 1
+    assert metric(server.url, "serval_model_loads_total") == loads + 1
     assert client.get_model_config("clf")["max_batch_size"] == 4
     after = infer(server.url, "clf", X).json()
     assert after["model_version"] == "1" and after["outputs"][0]["data"] != before

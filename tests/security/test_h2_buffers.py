@@ -10,7 +10,7 @@ import pytest
 
 from serval.http2 import frames as h2
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import wait_until_idle
+from tests.integration.http_helpers import metric, wait_until_idle
 from tests.security.conftest import Factory, security_repository, watch
 from tests.security.h2_helpers import (
     RawH2,
@@ -50,6 +50,7 @@ def test_partial_large_messages_meet_the_receive_budget(h2_server: RunningServer
     size = 30 * 1024 * 1024
     partial = message(bytes(size))[:size - 1024 * 1024]
     attackers = [RawH2(h2_server.grpc_port) for _ in range(3)]
+    refused_before = metric(h2_server.url, "serval_receive_budget_refusals_total")
     with watch(h2_server) as result:
         for attacker in attackers:
             attacker.send(headers(1))
@@ -58,6 +59,9 @@ def test_partial_large_messages_meet_the_receive_budget(h2_server: RunningServer
         assert statuses[:2] == [None, None]  # still waiting for the rest
         assert statuses[2] == RESOURCE_EXHAUSTED
         assert attackers[2].seen.resets().get(1) == h2.NO_ERROR  # told to stop sending
+        # what an operator sees: the budget nearly full, one refusal
+        assert metric(h2_server.url, "serval_receive_budget_held_bytes") >= 2 * len(partial)
+        assert metric(h2_server.url, "serval_receive_budget_refusals_total") == refused_before + 1
     for attacker in attackers:
         attacker.close()
     report("partial messages vs budget", result)

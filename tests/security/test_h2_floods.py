@@ -11,7 +11,7 @@ import pytest
 
 from serval.http2 import frames as h2
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call
+from tests.integration.http_helpers import call, metric
 from tests.security.conftest import Factory, security_repository, watch
 from tests.security.h2_helpers import (
     RawH2,
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 ATTACK_S = 2.0
 CALM = h2.ENHANCE_YOUR_CALM
+FLOOD_CLOSES = 'serval_connections_closed_total{reason="http2 flood"}'
 PING = h2.frame(h2.PING, 0, 0, b"12345678")
 
 
@@ -72,13 +73,20 @@ def _chunks(server: RunningServer, make: Iterator[bytes],
 def _one_block_per_connection(server: RunningServer, frames: bytes, name: str) -> None:
     """New connections for ATTACK_S, each sending `frames` once: each must be closed with
     ENHANCE_YOUR_CALM while the good clients are served."""
+    before = metric(server.url, FLOOD_CLOSES, missing=0)
+    warned = server.log().count("GOAWAY ENHANCE_YOUR_CALM")
+    attempts = 0
     with watch(server) as result:
         for _ in rounds(ATTACK_S):
+            attempts += 1
             with RawH2(server.grpc_port) as attacker:
                 attacker.send(frames)
                 assert attacker.closed_with(2.0) == CALM
     report(name, result, attacker.elapsed_s)
     result.assert_held()
+    # each close counted for the operator; the log says it once per interval, not per close
+    assert metric(server.url, FLOOD_CLOSES) == before + attempts
+    assert server.log().count("GOAWAY ENHANCE_YOUR_CALM") - warned <= 1 + ATTACK_S // 10
 
 
 def test_ping_flood_cve_2019_9512(h2_server: RunningServer) -> None:

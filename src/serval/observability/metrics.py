@@ -65,6 +65,45 @@ class RegistryGauges:
     cache_evictions: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class TransportGauges:
+    """The transports' guards, both together: connections and the receive budget."""
+
+    connections_open: int
+    connections_limit: int
+    closed: dict[str, int]  # connections the server closed, by guard ("write stall", ...)
+    budget_held_bytes: int
+    budget_bytes: int
+    budget_refusals: int
+
+
+class TransportMetricsCollector(Collector):
+    """What the HTTP/1.1 and HTTP/2 guards hold and refuse: what an attack shows up as."""
+
+    def __init__(self, read: Callable[[], TransportGauges]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = self._read()
+        yield GaugeMetricFamily("serval_connections_open", "Open client connections, HTTP "
+                                "and gRPC together", gauges.connections_open)
+        yield GaugeMetricFamily("serval_connections_limit", "The connection limit "
+                                "(--max-connections)", gauges.connections_limit)
+        closed = CounterMetricFamily("serval_connections_closed", "Connections the server "
+                                     "closed for a guard (timeouts, floods, the limit)",
+                                     labels=["reason"])
+        for reason, count in sorted(gauges.closed.items()):
+            closed.add_metric([reason], count)
+        yield closed
+        yield GaugeMetricFamily("serval_receive_budget_held_bytes", "Bytes of requests held "
+                                "now, server-wide", gauges.budget_held_bytes)
+        yield GaugeMetricFamily("serval_receive_budget_bytes", "The receive budget "
+                                "(--receive-budget-mb)", gauges.budget_bytes)
+        yield CounterMetricFamily("serval_receive_budget_refusals", "Requests refused (429 / "
+                                  "RESOURCE_EXHAUSTED) because the budget was full",
+                                  gauges.budget_refusals)
+
+
 class RegistryMetricsCollector(Collector):
     """Model loads, evictions and resident bytes against the memory budget."""
 

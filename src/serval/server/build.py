@@ -25,6 +25,8 @@ from serval.observability.metrics import (
     ModelMetricsCollector,
     RegistryGauges,
     RegistryMetricsCollector,
+    TransportGauges,
+    TransportMetricsCollector,
     build_registry,
 )
 from serval.observability.trace import Tracer
@@ -93,7 +95,7 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
     dataplane.max_override_bytes = max(guards.limits.max_request_bytes,  # a load's files
                                        guards.limits.max_message_bytes)
-    app = HttpApp(dataplane, build_metrics(registry, config.metrics_top_k), auth, status,
+    app = HttpApp(dataplane, build_metrics(registry, guards, config.metrics_top_k), auth, status,
                   guards.limits.max_request_bytes)
     return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)
 
@@ -181,8 +183,9 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
     )
 
 
-def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
-    """The Prometheus registry: per-model series and the registry's gauges."""
+def build_metrics(registry: ModelRegistry, guards: TransportGuards,
+                  top_k: int) -> CollectorRegistry:
+    """The Prometheus registry: per-model series, the registry's gauges, the transports'."""
     return build_registry(
         ModelMetricsCollector(registry.all_models, registry.totals, top_k=top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
@@ -190,7 +193,15 @@ def build_metrics(registry: ModelRegistry, top_k: int) -> CollectorRegistry:
             registry.memory_budget_bytes, registry.hits, registry.misses,
             registry.load_seconds, registry.cache.capacity, registry.cache.bytes,
             len(registry.cache), registry.cache.evictions)),
+        TransportMetricsCollector(lambda: transport_gauges(guards)),
     )
+
+
+def transport_gauges(guards: TransportGuards) -> TransportGauges:
+    """What the transports' guards hold and have refused, read at scrape time."""
+    return TransportGauges(len(guards.gate.open), guards.gate.max_connections,
+                           dict(guards.abuse.counts), guards.budget.held_bytes,
+                           guards.budget.limit_bytes, guards.budget.refused)
 
 
 @dataclass

@@ -120,10 +120,14 @@ class AbuseLog:
     per kind and interval, never a line per connection and never at ERROR.
     """
 
+    # every kind the transports close for, counted from 0 (the metric's series exist up front)
+    KINDS = ("connection limit", "header timeout", "body timeout", "header limit",
+             "request limit", "malformed", "write stall", "stalled gRPC request", "http2 flood")
+
     def __init__(self, interval_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = dict.fromkeys(self.KINDS, 0)
         self._warned_at: dict[str, float] = {}
         self._clock = clock
 

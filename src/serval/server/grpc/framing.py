@@ -407,10 +407,9 @@ class Http2Connection(asyncio.Protocol):
             self._close()
 
     def _fail(self, exc: h2.ProtocolError) -> None:
-        if exc.code == h2.ENHANCE_YOUR_CALM:
+        if exc.code == h2.ENHANCE_YOUR_CALM:  # counted; one warning line per interval
             peer = self.transport.get_extra_info("peername") if self.transport else None
-            log.warning("closing HTTP/2 connection from %s (GOAWAY ENHANCE_YOUR_CALM): %s",
-                        peer, exc)
+            self.guards.abuse.closed("http2 flood", f"GOAWAY ENHANCE_YOUR_CALM to {peer}: {exc}")
         else:
             log.info("closing an HTTP/2 connection: %s", exc)
         self.closing = True

@@ -1,0 +1,59 @@
+"""The transports' shared guards as an operator sees them: the abuse log's counts and lines,
+and the Prometheus series built from them."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import generate_latest
+
+from serval.config import TransportLimits
+from serval.observability.metrics import TransportMetricsCollector, build_registry
+from serval.server.build import transport_gauges
+from serval.server.limits import AbuseLog, TransportGuards
+
+pytestmark = pytest.mark.unit
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_every_close_is_counted_but_a_kind_is_logged_once_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    abuse = AbuseLog(interval_s=10.0, clock=clock)
+    assert set(abuse.counts) == set(AbuseLog.KINDS) and not any(abuse.counts.values())
+    with caplog.at_level(logging.WARNING, logger="serval.server.limits"):
+        for _ in range(1000):
+            abuse.closed("write stall", "a client read nothing")
+        abuse.closed("header timeout", "slow headers")  # another kind has its own interval
+        clock.now = 10.0
+        abuse.closed("write stall", "a client read nothing")
+    assert abuse.counts["write stall"] == 1001 and abuse.counts["header timeout"] == 1
+    assert [record.getMessage() for record in caplog.records] == [
+        "closed a connection: a client read nothing (write stall: 1 so far)",
+        "closed a connection: slow headers (header timeout: 1 so far)",
+        "closed a connection: a client read nothing (write stall: 1001 so far)",
+    ]
+
+
+def test_the_guards_series_exist_from_the_start_and_follow_the_counts() -> None:
+    guards = TransportGuards.build(TransportLimits(max_connections=100))
+    text = generate_latest(build_registry(
+        TransportMetricsCollector(lambda: transport_gauges(guards)))).decode()
+    assert "serval_connections_limit 100.0" in text
+    for kind in AbuseLog.KINDS:  # rate() works before the first close of a kind
+        assert f'serval_connections_closed_total{{reason="{kind}"}} 0.0' in text
+    guards.abuse.closed("http2 flood", "a PING flood")
+    assert guards.budget.reserve(1000) and not guards.budget.reserve(guards.budget.limit_bytes)
+    text = generate_latest(build_registry(
+        TransportMetricsCollector(lambda: transport_gauges(guards)))).decode()
+    assert 'serval_connections_closed_total{reason="http2 flood"} 1.0' in text
+    assert "serval_receive_budget_held_bytes 1000.0" in text
+    assert "serval_receive_budget_refusals_total 1.0" in text
