@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any, Protocol
 
-from serval.batching.policy import PendingRequest
 from serval.errors import DeadlineExceeded
 
 # how often waiting requests' deadlines are looked at while any wait: a request stuck behind
 # an engine that does not come back gets its answer at most this long after its deadline
 SWEEP_S = 0.05
+
+
+class Waiting(Protocol):
+    """A queued request (batching.policy.PendingRequest) or sequence step
+    (batching.sequence_policy.SequenceStep)."""
+
+    future: asyncio.Future[Any]
+    deadline_ns: int | None
+    taken: bool  # it left the queue for a batch
 
 
 class DeadlineSweep:
@@ -27,9 +36,9 @@ class DeadlineSweep:
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self._handle: asyncio.TimerHandle | None = None
-        self._waiting: list[PendingRequest] = []
+        self._waiting: list[Waiting] = []
 
-    def watch(self, pending: PendingRequest) -> None:
+    def watch(self, pending: Waiting) -> None:
         """A request with a deadline has joined the queue."""
         self._waiting.append(pending)
         if self._handle is None:

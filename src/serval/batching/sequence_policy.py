@@ -43,6 +43,7 @@ class SequenceStep:
     enqueued_ns: int
     deadline_ns: int | None = None
     request: InferRequest | None = None  # the client's (an engine that takes requests sees it)
+    taken: bool = False  # it left its sequence's queue for a batch
 
 
 @dataclass(slots=True)
@@ -150,6 +151,7 @@ class SequenceTable:
         """The sequence's next step, into a batch (the sequence runs: see settle)."""
         sequence.running = True
         step = sequence.steps.popleft()
+        step.taken = True
         if not sequence.steps:
             self._waiting.pop(sequence.id, None)
         return step

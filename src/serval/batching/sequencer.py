@@ -17,6 +17,7 @@ from typing import TypeVar
 from serval.backends.base import LoadedModel, RequestModel
 from serval.batching.batcher import fail_unloaded, stop_consumers
 from serval.batching.policy import signature_of
+from serval.batching.queue_deadline import DeadlineSweep
 from serval.batching.sequence_policy import (
     LiveSequence,
     SequenceId,
@@ -39,6 +40,7 @@ from serval.batching.sequence_tensors import (
 )
 from serval.errors import (
     BackendError,
+    DeadlineExceeded,
     EngineRejectedInput,
     InvalidInput,
     ServalError,
@@ -80,6 +82,7 @@ class Sequencer:
         self._settled = asyncio.Event()  # set while no step waits or runs
         self._settled.set()
         self._slots = SlotQueue(self._table, clock, stats.name, self._wakeup.set)
+        self._deadlines = DeadlineSweep(clock)  # steps whose deadline passes while they wait
         self._running = 0
         self._closed = False
         self._owns_executor = executor is None
@@ -124,8 +127,11 @@ class Sequencer:
         if self._closed:  # closed while this step waited for its sequence's start
             raise ServerUnavailable(UNLOADING)
         future: asyncio.Future[TensorDict] = asyncio.get_running_loop().create_future()
-        self._table.queue(sequence, SequenceStep(inputs, flags, signature_of(inputs), future,
-                                                 self._clock(), deadline_ns, request))
+        step = SequenceStep(inputs, flags, signature_of(inputs), future, self._clock(),
+                            deadline_ns, request)
+        self._table.queue(sequence, step)
+        if deadline_ns is not None:
+            self._deadlines.watch(step)
         self._settled.clear()
         self._wakeup.set()
         return await future
@@ -152,6 +158,7 @@ class Sequencer:
     async def close(self) -> None:
         """Stop the consumers; waiting steps fail as unavailable; states are dropped."""
         self._closed = True
+        self._deadlines.close()
         await stop_consumers(self._consumers)
         for sequence in list(self._table.live.values()):
             for step in sequence.steps:
@@ -175,9 +182,11 @@ class Sequencer:
                 await self._wait(delay_ns or self._until_expiry_ns())
                 continue
             steps = [self._table.take(sequence) for sequence in picked]
+            live = _unexpired(picked, steps, self._clock())
             self._running += 1
             try:  # whatever fails fails these steps, never this task (the model's every step
-                await self._run_steps(picked, steps)  # waits on it)
+                if live:  # waits on it)
+                    await self._run_steps([s for s, _ in live], [step for _, step in live])
             finally:
                 self._running -= 1
                 for sequence in picked:
@@ -320,3 +329,17 @@ def _fail(steps: list[SequenceStep], error: ServalError) -> None:
     for step in steps:
         if not step.future.done():
             step.future.set_exception(error)
+
+
+def _unexpired(picked: list[LiveSequence], steps: list[SequenceStep], now_ns: int
+               ) -> list[tuple[LiveSequence, SequenceStep]]:
+    """The picked steps still due; one whose deadline passed while it waited is answered
+    504 and not run: its sequence's state stays as it was, as the client was told."""
+    live = []
+    for sequence, step in zip(picked, steps, strict=True):
+        if step.deadline_ns is None or now_ns < step.deadline_ns:
+            live.append((sequence, step))
+        elif not step.future.done():
+            step.future.set_exception(
+                DeadlineExceeded("the request's deadline passed while it was queued"))
+    return live

@@ -25,7 +25,13 @@ from serval.batching.sequence_policy import (
 )
 from serval.batching.sequence_tensors import check_corrid
 from serval.batching.sequencer import Sequencer
-from serval.errors import BackendError, EngineRejectedInput, InvalidInput, ServerUnavailable
+from serval.errors import (
+    BackendError,
+    DeadlineExceeded,
+    EngineRejectedInput,
+    InvalidInput,
+    ServerUnavailable,
+)
 from serval.model_config import SequenceBatchingConfig, SequenceControl
 from serval.protocol.types import InferRequest
 from serval.repository.triton_config import load_pbtxt
@@ -293,6 +299,33 @@ def test_a_retired_model_fails_the_starts_waiting_for_a_slot(tmp_path: Path) -> 
             await asyncio.wait_for(waiting, 2)
         assert (await _infer(sequencer, one, sequence_id=1, sequence_end=True)).tolist() == [
             2.0]  # the live sequence still runs
+        await sequencer.close()
+
+    asyncio.run(main())
+
+
+def test_a_step_whose_deadline_passed_in_the_queue_is_answered_and_not_run(
+        tmp_path: Path) -> None:
+    """A step queued past its deadline ran anyway, when its turn came: the client had been
+    told the request timed out, yet the sequence's state moved on by that step."""
+    async def main() -> None:
+        now = [0]
+        sequencer = _growing(tmp_path, lambda: now[0])  # STATE = STATE + INPUT
+        one = np.ones(1, np.float32)
+        assert (await _infer(sequencer, one, sequence_id=1, sequence_start=True)).tolist() == [1]
+
+        def step(value: float, deadline_ns: int | None) -> asyncio.Future[Any]:
+            inputs = {"INPUT": np.full(1, value, np.float32)}
+            request = InferRequest(inputs, parameters={"sequence_id": 1})
+            return asyncio.ensure_future(sequencer.infer(inputs, deadline_ns, request))
+
+        ahead, late = step(1, None), step(100, 1_000)  # `late` waits for `ahead` to run
+        await asyncio.sleep(0)
+        now[0] = 2_000  # past `late`'s deadline before its turn comes
+        assert (await asyncio.wait_for(ahead, 10))["OUTPUT"].tolist() == [2]
+        with pytest.raises(DeadlineExceeded, match="queued"):
+            await asyncio.wait_for(late, 10)
+        assert (await _infer(sequencer, one, sequence_id=1)).tolist() == [3]  # not 103
         await sequencer.close()
 
     asyncio.run(main())
