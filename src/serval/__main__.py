@@ -1,5 +1,5 @@
 """`python -m serval` runs the command line."""
 
-from serval.cli.main import app
+from serval.cli.entry import main
 
-app()
+main()

@@ -82,6 +82,22 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.startswith("serval ")
 
 
+def test_ctrl_c_while_the_command_line_imports_is_one_line() -> None:
+    """Ctrl-C in the first second (typer, rich, numpy importing) made a traceback from
+    whichever import it hit. The interrupt is raised where the import begins, every time."""
+    interrupt_the_import = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'serval.cli.main': raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['serval', '--version']\n"
+        "import runpy; runpy.run_module('serval', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", interrupt_the_import], capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (130, "serval: interrupted\n")
+
+
 def test_models_list_shows_valid_and_invalid_configs(tmp_path: Path) -> None:
     fixture_models.linear(tmp_path)
     fixture_models.add_sub(tmp_path, name="bad", config="max_batch_size: -3\n")

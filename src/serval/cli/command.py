@@ -15,10 +15,11 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
+from serval.cli.entry import INTERRUPTED
+
 ARGUMENTS = "Arguments"
 OPTIONS = "Options"
 COMMANDS = "Commands"
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
 
 
 class ServalCommand(TyperCommand):
