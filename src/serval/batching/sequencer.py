@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 from serval.backends.base import LoadedModel, RequestModel
@@ -70,6 +71,8 @@ class Sequencer:
         self._initial = initial_states(settings, initial or {})
         self._takes_requests = isinstance(engine, RequestModel)
         self._state_outputs = tuple(state.output_name for state in settings.states)
+        self._string_ids = any(control.kind == "corrid" and control.datatype == "BYTES"
+                               for control in settings.controls)
         max_batch = engine.metadata.max_batch_size
         self._batched = max_batch > 0
         self._max_rows = max(1, max_batch)
@@ -118,6 +121,8 @@ class Sequencer:
             raise ServerUnavailable(UNLOADING)
         flags = sequence_flags(request.parameters if request else {}, self._stats.name)
         check_corrid(self._settings, flags.id, self._stats.name)
+        if self._string_ids and not isinstance(flags.id, str):  # the id the model is given:
+            flags = replace(flags, id=str(flags.id))  # 5 and "5" are one sequence, not two
         if self._batched and any(a.shape[0] != 1 for a in inputs.values()):
             raise InvalidInput(f"model '{self._stats.name}' is a sequence model: each request "
                                "is one step of one sequence, batch size 1")

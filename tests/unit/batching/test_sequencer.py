@@ -221,3 +221,18 @@ def test_steps_of_a_sequence_waiting_for_a_slot_queue_behind_its_start(repositor
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def test_a_string_corrid_takes_an_integer_id_as_its_string(repository: Path) -> None:
+    """The model sees id 5 and id "5" as the same CORRID, "5": they were two sequences, each
+    with its own state, that the model could not tell apart."""
+    async def main() -> None:
+        sequencer, engine = _sequencer(repository, "simple_string_dyna_sequence")
+        assert await _step(sequencer, 5, 10, start=True) == 10
+        assert await _step(sequencer, "5", 1) == 11  # the same accumulator
+        assert await _step(sequencer, 5, 1, end=True) == 12 + 5
+        assert engine.batches[-1]["CORRID"].ravel().tolist() == ["5"]
+        assert sequencer.live_sequences == 0
+        await sequencer.close()
+
+    asyncio.run(main())
