@@ -40,8 +40,14 @@ from serval.repository.overrides import (
 )
 from serval.repository.response_cache import ResponseCache
 from serval.repository.routes import StepPath, StepRouter, StreamPath
-from serval.repository.served import ModelState, ServedModel
-from serval.repository.steps import StepNotReady, check_no_loop, check_step_tensors, steps_of
+from serval.repository.served import Lease, ModelState, ServedModel, least_recently_used_idle
+from serval.repository.steps import (
+    StepNotReady,
+    check_no_loop,
+    check_step_tensors,
+    step_models,
+    steps_of,
+)
 from serval.repository.table import DEFAULT_CONTROL, ModelControl, ModelTable
 from serval.stats import Histogram
 
@@ -222,7 +228,7 @@ class ModelRegistry(ModelTable):
     def acquire(self, name: str, version: str | None = None) -> Lease:
         """`async with registry.acquire(...) as served`: a ready model version, loaded on
         demand where allowed, pinned while in use."""
-        return Lease(self, name, version)
+        return Lease(self._pin, name, version)
 
     async def _pin(self, name: str, version: str | None) -> ServedModel:
         served = self.get(name, version)
@@ -329,14 +335,7 @@ class ModelRegistry(ModelTable):
     def step_models(self, name: str) -> list[str]:
         """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's
         composing models); [] for any other model."""
-        found: list[str] = []
-        pending = [step.model for step in self._steps_of(name)]
-        while pending:
-            model = pending.pop(0)
-            if model not in found and model != name:
-                found.append(model)
-                pending += [step.model for step in self._steps_of(model)]
-        return found
+        return step_models(name, self._steps_of)
 
     def _steps_of(self, name: str) -> list[PipelineStep]:
         return steps_of(self.root, name, self._overrides.get(name))
@@ -354,14 +353,12 @@ class ModelRegistry(ModelTable):
             raise ConfigError(f"model '{loading.name}' version {loading.version} needs "
                               f"{needed_bytes} bytes; the memory budget is {budget} bytes")
         while self.resident_bytes + self._memory.reserved(loading) + needed_bytes > budget:
-            victims = [s for s in self.all_models()
-                       if s.state is ModelState.READY and s.idle and s is not loading]
-            if not victims:
+            victim = least_recently_used_idle(self.all_models(), loading)
+            if victim is None:
                 if needed_bytes == 0:
                     return  # loaded, slightly over budget; the next load will evict
                 raise ModelNotReady("the memory budget is full and every loaded model is busy; "
                                     "retry shortly")
-            victim = min(victims, key=lambda s: s.last_used_ns)
             self.evictions += 1
             log.info("model evicted", extra={"model": victim.name, "version": victim.version,
                                              "bytes": victim.memory_bytes})
@@ -405,22 +402,3 @@ class ModelRegistry(ModelTable):
             await runner.close()
         if model is not None:
             model.unload()
-
-
-class Lease:
-    """Pins one model version for the body of an `async with` (no generator per request)."""
-
-    __slots__ = ("_name", "_registry", "_served", "_version")
-
-    def __init__(self, registry: ModelRegistry, name: str, version: str | None) -> None:
-        self._registry, self._name, self._version = registry, name, version
-        self._served: ServedModel | None = None
-
-    async def __aenter__(self) -> ServedModel:
-        self._served = await self._registry._pin(self._name, self._version)
-        return self._served
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if self._served is not None:
-            self._served.in_flight -= 1
-

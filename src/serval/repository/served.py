@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from serval.backends.base import Model, ModelVersionSpec, Runner
@@ -66,3 +67,30 @@ class ServedModel:
         busy = runner is not None and bool(runner.queued or runner.running or (
             isinstance(runner, Sequencer) and runner.live_sequences))
         return self.in_flight == 0 and not busy
+
+
+def least_recently_used_idle(models: Iterable[ServedModel], loading: ServedModel
+                             ) -> ServedModel | None:
+    """The eviction victim: the ready, idle version used longest ago, other than `loading`
+    (None: every loaded version is busy or pinned)."""
+    idle = [s for s in models if s.state is ModelState.READY and s.idle and s is not loading]
+    return min(idle, key=lambda s: s.last_used_ns, default=None)
+
+class Lease:
+    """Pins one model version for the body of an `async with` (no generator per request):
+    `pin` finds it ready (loading it where allowed) and counts it in flight."""
+
+    __slots__ = ("_name", "_pin", "_served", "_version")
+
+    def __init__(self, pin: Callable[[str, str | None], Awaitable[ServedModel]], name: str,
+                 version: str | None) -> None:
+        self._pin, self._name, self._version = pin, name, version
+        self._served: ServedModel | None = None
+
+    async def __aenter__(self) -> ServedModel:
+        self._served = await self._pin(self._name, self._version)
+        return self._served
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._served is not None:
+            self._served.in_flight -= 1

@@ -90,3 +90,16 @@ def unready_steps(served: ServedModel, get: GetModel) -> list[str]:
         elif model is not served:
             problems += unready_steps(model, get)
     return problems
+
+
+def step_models(name: str, steps_of: StepsOf) -> list[str]:
+    """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's
+    composing models); [] for any other model."""
+    found: list[str] = []
+    pending = [step.model for step in steps_of(name)]
+    while pending:
+        model = pending.pop(0)
+        if model not in found and model != name:
+            found.append(model)
+            pending += [step.model for step in steps_of(model)]
+    return found
