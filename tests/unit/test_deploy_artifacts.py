@@ -89,11 +89,13 @@ def test_serve_config_file_runs_the_serval_application_with_valid_args() -> None
 
 
 _SELECTOR = re.compile(r"\b((?:serval|process)_[a-z_]+)(\{[^}]*\})?")
-# metrics of the whole server (the registry's memory and loads), without a model label
+# metrics of the whole server (the registry's memory and loads, the transports' guards),
+# without a model label
 _SERVER_WIDE = ("serval_resident_bytes", "serval_memory_budget_bytes", "serval_model_loads",
                 "serval_model_evictions", "serval_model_cache_", "serval_model_load_duration",
                 "serval_response_cache_bytes", "serval_response_cache_capacity",
-                "serval_response_cache_evictions", "process_")
+                "serval_response_cache_evictions", "serval_connections_",
+                "serval_receive_budget_", "process_")
 
 
 def test_the_dashboards_variables_filter_every_panel() -> None:

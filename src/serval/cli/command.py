@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from serval.cli.entry import INTERRUPTED
+from serval.cli import INTERRUPTED
 
 ARGUMENTS = "Arguments"
 OPTIONS = "Options"

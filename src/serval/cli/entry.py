@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT)
+from serval.cli import INTERRUPTED
 
 
 def main() -> None:
