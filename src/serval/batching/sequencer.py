@@ -219,16 +219,17 @@ class Sequencer:
             raise
         except EngineRejectedInput as exc:
             if len(steps) == 1:
-                _fail(steps, exc)
+                _fail_steps(picked, steps, exc)
                 return
             # one sequence's values must not fail the others' steps: each runs alone
             for sequence, step in zip(picked, steps, strict=True):
                 await self._run_steps([sequence], [step])
         except ServalError as exc:
-            _fail(steps, exc)
+            _fail_steps(picked, steps, exc)
         except Exception:
             log.exception("model '%s': a sequence batch failed", self._stats.name)
-            _fail(steps, BackendError(f"model '{self._stats.name}' failed to run the batch"))
+            _fail_steps(picked, steps,
+                        BackendError(f"model '{self._stats.name}' failed to run the batch"))
 
     async def _run_batch(self, picked: list[LiveSequence], steps: list[SequenceStep]) -> None:
         """Controls and states filled in; the engine's answer settles each step."""
@@ -290,7 +291,7 @@ class Sequencer:
                     raise result
                 self._settle(sequence, step, result, 0)
             except ServalError as exc:
-                _fail([step], exc)  # its state stays as it was
+                _fail_steps([sequence], [step], exc)
         self._stats.record_execution(len(rows), len(steps), merged_ns - started_ns,
                                      computed_ns - merged_ns, self._clock() - computed_ns)
 
@@ -330,6 +331,17 @@ class Sequencer:
         self._slots.wake_one()
 
 
+def _fail_steps(picked: list[LiveSequence], steps: list[SequenceStep],
+                error: ServalError) -> None:
+    """Steps that did not run: their sequences' states stay as they were, but a START's is
+    dropped: its client's next steps belong to the sequence it meant to start, never to one
+    that id held before (they run from the initial state, as after a new id's failed START)."""
+    for sequence, step in zip(picked, steps, strict=True):
+        if step.flags.start:
+            sequence.state = None
+    _fail(steps, error)
+
+
 def _fail(steps: list[SequenceStep], error: ServalError) -> None:
     for step in steps:
         if not step.future.done():
@@ -344,7 +356,7 @@ def _unexpired(picked: list[LiveSequence], steps: list[SequenceStep], now_ns: in
     for sequence, step in zip(picked, steps, strict=True):
         if step.deadline_ns is None or now_ns < step.deadline_ns:
             live.append((sequence, step))
-        elif not step.future.done():
-            step.future.set_exception(
-                DeadlineExceeded("the request's deadline passed while it was queued"))
+        else:
+            _fail_steps([sequence], [step],
+                        DeadlineExceeded("the request's deadline passed while it was queued"))
     return live

@@ -329,3 +329,20 @@ def test_a_step_whose_deadline_passed_in_the_queue_is_answered_and_not_run(
         await sequencer.close()
 
     asyncio.run(main())
+
+
+def test_a_failed_restart_of_a_live_id_does_not_continue_the_old_sequence(
+        tmp_path: Path) -> None:
+    """A START for an id still live whose step failed left the old sequence's state in
+    place: the client's next steps, meant for its new sequence, ran on the old one's."""
+    async def main() -> None:
+        sequencer = _growing(tmp_path)  # STATE = STATE + INPUT
+        one = np.ones(1, np.float32)
+        await _infer(sequencer, np.full(1, 50.0, np.float32), sequence_id=1,
+                     sequence_start=True)  # the old sequence holds 50
+        with pytest.raises(BackendError, match="state output"):  # a restart that fails
+            await _infer(sequencer, np.ones(3, np.float32), sequence_id=1, sequence_start=True)
+        assert (await _infer(sequencer, one, sequence_id=1)).tolist() == [1.0]  # not 51
+        await sequencer.close()
+
+    asyncio.run(main())
