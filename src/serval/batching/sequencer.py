@@ -351,7 +351,7 @@ def _fail(steps: list[SequenceStep], error: ServalError) -> None:
 def _unexpired(picked: list[LiveSequence], steps: list[SequenceStep], now_ns: int
                ) -> list[tuple[LiveSequence, SequenceStep]]:
     """The picked steps still due; one whose deadline passed while it waited is answered
-    504 and not run: its sequence's state stays as it was, as the client was told."""
+    504 and not run (its sequence's state as _fail_steps leaves it), as the client was told."""
     live = []
     for sequence, step in zip(picked, steps, strict=True):
         if step.deadline_ns is None or now_ns < step.deadline_ns:
