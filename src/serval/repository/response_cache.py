@@ -7,7 +7,9 @@ parameters but those that only steer transport (timeout, priority, binary output
 answers with the outputs stored by the first request of that key, without running the model;
 a miss runs it and stores the outputs (a compact, read-only copy). Entries are evicted least
 recently used first, the sum of their bytes bounded by the cache's size; a result larger than
-the whole cache is not stored. A version's entries go when it is released (unloaded, replaced,
+the whole cache is not stored. A model may compute only the outputs asked for (a Python
+model's requested_output_names()): an entry that lacks one asked for is a miss, and the run's
+outputs join the entry's. A version's entries go when it is released (unloaded, replaced,
 evicted); a pipeline's also go whenever any model loads or is released, since its steps may
 have changed. Everything runs on the event loop (no locks) but the hashing of large inputs.
 """
@@ -139,19 +141,24 @@ async def look_up(cache: ResponseCache, scope: Scope, composite: bool, request: 
         key = await asyncio.to_thread(request_key, scope, request, generation)
     else:
         key = request_key(scope, request, generation)
-    return Lookup(cache, scope, composite, key, stats, started_ns)
+    wanted = [output.name for output in request.outputs or ()]
+    return Lookup(cache, scope, composite, key, stats, started_ns, wanted)
 
 
 class Lookup:
     """One request's cache lookup: its key and, on a hit, the outputs (`store` after a miss)."""
 
-    __slots__ = ("cache", "composite", "key", "lookup_ns", "outputs", "scope", "stats")
+    __slots__ = ("cache", "composite", "key", "lookup_ns", "outputs", "partial", "scope",
+                 "stats")
 
     def __init__(self, cache: ResponseCache, scope: Scope, composite: bool, key: bytes,
-                 stats: ModelStats, started_ns: int) -> None:
+                 stats: ModelStats, started_ns: int, wanted: list[str] | None = None) -> None:
         self.cache, self.scope, self.composite, self.stats = cache, scope, composite, stats
         self.key = key
         stored = cache.get(key)
+        self.partial: TensorDict = {}  # an entry without every output asked for: a miss
+        if stored is not None and any(name not in stored for name in wanted or ()):
+            self.partial, stored = dict(stored), None
         self.outputs = None if stored is None else dict(stored)  # the entry stays as stored
         self.lookup_ns = time.perf_counter_ns() - started_ns
         if self.outputs is not None:
@@ -161,7 +168,7 @@ class Lookup:
         """After a miss: keep the model's outputs (counted as Triton counts a miss: lookup
         and insert)."""
         started_ns = time.perf_counter_ns()
-        self.cache.put(self.scope, self.key, outputs, self.composite)
+        self.cache.put(self.scope, self.key, {**self.partial, **outputs}, self.composite)
         self.stats.record_cache(hit=False, duration_ns=self.lookup_ns
                                 + time.perf_counter_ns() - started_ns)
 
