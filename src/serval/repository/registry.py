@@ -25,6 +25,7 @@ from serval.model_config import PipelineStep
 from serval.repository.layout import scan_model, scan_repository, version_signature
 from serval.repository.loader import Source, VersionLoader
 from serval.repository.memory import MemoryKeeper
+from serval.repository.model_locks import ModelLocks
 from serval.repository.names import (
     UNKNOWN_MODEL,
     check_requested_name,
@@ -81,7 +82,7 @@ class ModelRegistry(ModelTable):
             make_room=self._make_room, max_concurrent_loads=max_concurrent_loads,
             engine_threads=engine_threads, clock=clock)
         self._overrides: dict[str, LoadOverride] = {}  # in force until unload or plain load
-        self._swaps: dict[str, asyncio.Lock] = {}  # one override load per model at a time
+        self._locks = ModelLocks()  # one override load or unload per model at a time
         self.evictions = 0
         self.hits = 0  # requests that found their model loaded
         self.misses = 0  # requests that waited for a load
@@ -158,7 +159,7 @@ class ModelRegistry(ModelTable):
         committed = False
         try:
             check_requested_name(name)
-            async with self._swaps.setdefault(name, asyncio.Lock()):
+            async with self._locks.hold(name):
                 fresh, selected = await self._load_fresh(name, override)
                 previous = self._overrides.pop(name, None)
                 if override is not None:
@@ -207,7 +208,7 @@ class ModelRegistry(ModelTable):
         versions = self._models.get(name)
         if versions is None:
             raise ModelNotFound(f"{UNKNOWN_MODEL}'{cut(name)}' is not found")
-        async with self._swaps.setdefault(name, asyncio.Lock()):  # after a reload under way
+        async with self._locks.hold(name):  # after a reload under way
             for served in list(versions.values()):  # a load may add a version meanwhile
                 await self._retire(served, "unloaded")
             override = self._overrides.pop(name, None)
