@@ -6,6 +6,7 @@ hash is compared with every stored one in constant time.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import fnmatch
 import hashlib
@@ -46,6 +47,28 @@ class Token:
             return any(scope.startswith("infer:") for scope in self.scopes)
         return action is Action.INFER and may_infer
 
+    @property
+    def owner_id(self) -> str:
+        """Whose shared-memory regions these are: the token itself (names may repeat)."""
+        return self.sha256.hex()
+
+    @property
+    def sees_all(self) -> bool:
+        """An admin reaches every client's shared-memory regions."""
+        return "admin" in self.scopes
+
+
+ANONYMOUS = Token("", b"", ())  # a server without auth: every client is this one
+_CALLER = contextvars.ContextVar("serval_caller", default=ANONYMOUS)
+
+
+def current_token() -> Token:
+    """The token the running request was authorized with in this task (ANONYMOUS without
+    auth): what keeps shared-memory regions to the client that registered them. Every request
+    that reaches a region is authorized in the task that serves it; one that somehow was not
+    is ANONYMOUS, which reaches no region registered with a token."""
+    return _CALLER.get()
+
 
 class TokenStore:
     """The server's tokens; check() raises Unauthenticated (401) or PermissionDenied (403)."""
@@ -70,6 +93,7 @@ class TokenStore:
         if not found.allows(action, model):
             target = f" on model '{model}'" if model else ""
             raise PermissionDenied(f"token '{found.name}' may not {action.value}{target}")
+        _CALLER.set(found)
         return found
 
 

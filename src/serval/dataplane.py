@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from serval import __version__
+from serval.auth import current_token
 from serval.backends.base import ModelMetadata
 from serval.backends.validation import validate_request
 from serval.config import server_default
@@ -242,7 +243,7 @@ class DataPlane:
             if request.trace is not None:
                 self.tracer.finish(request.trace, time.perf_counter_ns())
         if request.outputs:  # outputs asked for in shared memory are written there
-            write_outputs(self.shared_memory, request, response)
+            write_outputs(self.shared_memory, request, response, current_token())
         return response
 
     @contextlib.contextmanager
@@ -261,7 +262,8 @@ class DataPlane:
         """Admit a request in flight (the caller counts it out); its deadline."""
         self._check_inflight()
         if request.shared_memory_inputs or request.outputs:
-            resolve_inputs(self.shared_memory, request, self.max_tensor_elements)  # from shm
+            resolve_inputs(self.shared_memory, request, self.max_tensor_elements,
+                           current_token())  # from shm, the regions this client reaches
         self._check_sizes(request)
         deadline_ns = self._deadline(request, received_ns, deadline_ns)
         self._inflight += 1

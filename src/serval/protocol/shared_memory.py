@@ -39,6 +39,17 @@ class Budget(Protocol):
     def refusal_message(self, size_bytes: int) -> str: ...
 
 
+class Caller(Protocol):
+    """Who asks (auth.Token): the regions it registers are its own, and another client's are
+    not there for it (a 'not found', as for any name), unless it sees all (an admin). None
+    for a caller: no auth on this server, every region is everyone's."""
+
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def sees_all(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RegionStatus:
     """One registered region as Triton's status lists it."""
@@ -57,6 +68,10 @@ class RegionStatus:
 class _Region:
     status: RegionStatus
     fd: int  # the object, read and written at status.offset + a window's offset
+    owner: str | None  # the registering caller's owner_id; None: registered without auth
+
+    def reached_by(self, caller: Caller | None) -> bool:
+        return caller is None or caller.sees_all or caller.owner_id == self.owner
 
     def check_size(self) -> None:
         """InvalidInput when the object no longer covers the region (a client truncated it):
@@ -83,7 +98,8 @@ class SharedMemoryRegistry:
     def __len__(self) -> int:
         return len(self._regions)
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int,
+                 caller: Caller | None = None) -> None:
         """Map `byte_size` bytes at `offset` of the object `key` under `name`; InvalidInput
         names what was wrong (a duplicate name, a bad key, bounds past the object's end)."""
         _check_name(name)
@@ -101,16 +117,18 @@ class SharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), fd)
+        owner = None if caller is None else caller.owner_id
+        self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), fd, owner)
 
-    def unregister(self, name: str | None = None) -> int:
-        """Forget one region (nothing to do when it is not registered, as Triton), or all;
-        how many were released."""
+    def unregister(self, name: str | None = None, caller: Caller | None = None) -> int:
+        """Forget one region (nothing to do when it is not registered, as Triton), or all
+        the caller reaches; how many were released."""
         names = list(self._regions) if not name else [name]
         released = 0
         for each in names:
-            region = self._regions.pop(each, None)
-            if region is not None:
+            region = self._regions.get(each)
+            if region is not None and region.reached_by(caller):
+                del self._regions[each]
                 os.close(region.fd)
                 released += 1
         return released
@@ -119,16 +137,20 @@ class SharedMemoryRegistry:
         """Release every region (at server shutdown); how many there were."""
         return self.unregister()
 
-    def status(self, name: str | None = None) -> list[RegionStatus]:
-        """Every region, or the one named (InvalidInput when it is not registered)."""
+    def status(self, name: str | None = None, caller: Caller | None = None
+               ) -> list[RegionStatus]:
+        """Every region the caller reaches, or the one named (InvalidInput when it is not
+        registered)."""
         if not name:
-            return [region.status for region in self._regions.values()]
-        return [self._get(name).status]
+            return [region.status for region in self._regions.values()
+                    if region.reached_by(caller)]
+        return [self._get(name, caller).status]
 
-    def read(self, name: str, offset: int, byte_size: int, what: str) -> memoryview:
+    def read(self, name: str, offset: int, byte_size: int, what: str,
+             caller: Caller | None = None) -> memoryview:
         """A copy of `byte_size` bytes at `offset` in the region; InvalidInput when the window
         is not inside the region or the object has shrunk below it, even while reading."""
-        region, start = self._locate(name, offset, byte_size, what)
+        region, start = self._locate(name, offset, byte_size, what, caller)
         data = np.empty(byte_size, dtype=np.uint8)
         self._hold(data, what)
         buffer = data.data  # keeps `data` alive, and so its hold on the budget
@@ -156,9 +178,10 @@ class SharedMemoryRegistry:
             raise Overloaded(self.budget.refusal_message(size))
         weakref.finalize(data, self.budget.release, size)
 
-    def write(self, name: str, offset: int, byte_size: int, data: memoryview, what: str) -> None:
+    def write(self, name: str, offset: int, byte_size: int, data: memoryview, what: str,
+              caller: Caller | None = None) -> None:
         """Copy `data` into the region at `offset`; it must fit in `byte_size` bytes."""
-        region, start = self._locate(name, offset, byte_size, what)
+        region, start = self._locate(name, offset, byte_size, what, caller)
         if data.nbytes > byte_size:
             raise InvalidInput(f"{what} needs {data.nbytes} bytes; shared_memory_byte_size is "
                                f"{byte_size} (region '{name}')")
@@ -167,18 +190,20 @@ class SharedMemoryRegistry:
         while done < flat.nbytes:  # a shrunk object grows back: never a fault
             done += os.pwrite(region.fd, flat[done:], start + done)
 
-    def check(self, name: str, offset: int, byte_size: int, what: str) -> None:
-        """InvalidInput unless the window lies inside a registered region."""
-        self._locate(name, offset, byte_size, what)
+    def check(self, name: str, offset: int, byte_size: int, what: str,
+              caller: Caller | None = None) -> None:
+        """InvalidInput unless the window lies inside a region the caller reaches."""
+        self._locate(name, offset, byte_size, what, caller)
 
-    def _get(self, name: str) -> _Region:
+    def _get(self, name: str, caller: Caller | None) -> _Region:
         region = self._regions.get(name)
-        if region is None:
+        if region is None or not region.reached_by(caller):
             raise InvalidInput(f"Unable to find system shared memory region: '{name[:80]}'")
         return region
 
-    def _locate(self, name: str, offset: int, byte_size: int, what: str) -> tuple[_Region, int]:
-        region = self._get(name)
+    def _locate(self, name: str, offset: int, byte_size: int, what: str,
+                caller: Caller | None) -> tuple[_Region, int]:
+        region = self._get(name, caller)
         region.check_size()
         size = region.status.byte_size
         if offset + byte_size > size:

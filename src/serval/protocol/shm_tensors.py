@@ -11,7 +11,7 @@ import numpy as np
 
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import encode_bytes_elements, tensor_from_raw
-from serval.protocol.shared_memory import SharedMemoryRegistry
+from serval.protocol.shared_memory import Caller, SharedMemoryRegistry
 from serval.protocol.types import InferRequest, InferResponse, SharedMemoryRef
 
 REGION, BYTE_SIZE = "shared_memory_region", "shared_memory_byte_size"
@@ -47,10 +47,10 @@ def uses_shared_memory(request: InferRequest) -> bool:
 
 
 def resolve_inputs(regions: SharedMemoryRegistry | None, request: InferRequest,
-                   max_elements: int) -> None:
+                   max_elements: int, caller: Caller | None = None) -> None:
     """Read every shm input into request.inputs (a copy of its window; BYTES parsed), each
     shape first held to `max_elements` elements (as a tensor in the request is); check every
-    shm output's window before any work."""
+    shm output's window before any work. Only regions the caller reaches are there."""
     if not uses_shared_memory(request):
         return
     if regions is None:
@@ -62,17 +62,17 @@ def resolve_inputs(regions: SharedMemoryRegistry | None, request: InferRequest,
             raise InvalidInput(f"input '{name}': shape {list(item.shape)} has {elements} "
                                f"elements; this server accepts at most {max_elements} per "
                                "tensor (--max-tensor-elements)")
-        data = regions.read(ref.region, ref.offset, ref.byte_size, f"input '{name}'")
+        data = regions.read(ref.region, ref.offset, ref.byte_size, f"input '{name}'", caller)
         request.inputs[name] = tensor_from_raw(data, 0, ref.byte_size, item.datatype,
                                                item.shape, name, f"{BYTE_SIZE} is")
     for output in request.outputs or ():
         if (window := output.shared_memory) is not None:
             regions.check(window.region, window.offset, window.byte_size,
-                          f"output '{output.name}'")
+                          f"output '{output.name}'", caller)
 
 
 def write_outputs(regions: SharedMemoryRegistry | None, request: InferRequest,
-                  response: InferResponse) -> None:
+                  response: InferResponse, caller: Caller | None = None) -> None:
     """Write each output asked for in shared memory into its region; the answer carries the
     output's parameters (region, bytes written, offset) instead of its data, as Triton's."""
     for output in request.outputs or ():
@@ -82,7 +82,8 @@ def write_outputs(regions: SharedMemoryRegistry | None, request: InferRequest,
         if regions is None:
             raise InvalidInput(DISABLED)
         data = _raw_view(response.outputs[output.name])
-        regions.write(ref.region, ref.offset, ref.byte_size, data, f"output '{output.name}'")
+        regions.write(ref.region, ref.offset, ref.byte_size, data, f"output '{output.name}'",
+                      caller)
         params: dict[str, Any] = {REGION: ref.region, BYTE_SIZE: data.nbytes}
         if ref.offset:
             params[OFFSET] = ref.offset

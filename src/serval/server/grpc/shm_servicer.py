@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serval.auth import Action
+from serval.auth import Action, current_token
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
@@ -29,7 +29,7 @@ class SharedMemoryRpcs:
         regions = await self._regions(context)
         response = pb.SystemSharedMemoryStatusResponse()
         try:
-            for status in regions.status(request.name):
+            for status in regions.status(request.name, current_token()):
                 response.regions[status.name].CopyFrom(
                     pb.SystemSharedMemoryStatusResponse.RegionStatus(**status.as_dict()))
         except ServalError as exc:
@@ -39,14 +39,15 @@ class SharedMemoryRpcs:
     async def SystemSharedMemoryRegister(self, request: Any, context: Context) -> Any:
         regions = await self._regions(context)
         try:
-            regions.register(request.name, request.key, request.offset, request.byte_size)
+            regions.register(request.name, request.key, request.offset, request.byte_size,
+                             current_token())
         except ServalError as exc:
             await context.abort(*grpc_error(exc, "SystemSharedMemoryRegister"))
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Context) -> Any:
         regions = await self._regions(context)
-        regions.unregister(request.name)  # empty: every region
+        regions.unregister(request.name, current_token())  # empty: every region it reaches
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Context) -> Any:

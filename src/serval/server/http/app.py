@@ -59,9 +59,11 @@ class HttpApp:
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
                      query: str = "", authorized: bool = False) -> Reply | StreamedReply:
         """One complete request in, (status, body, headers) out; never raises. `authorized`:
-        `precheck` already passed these headers (the token is not checked twice)."""
+        `precheck` already passed these headers; the token is checked again all the same (a
+        hash), in the task that serves the request, so that it names the client whose
+        shared-memory regions the request reaches (auth.current_token)."""
         try:
-            return await self._route(method, path, headers, body, query, authorized)
+            return await self._route(method, path, headers, body, query)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
         except Exception as exc:
@@ -81,10 +83,9 @@ class HttpApp:
         return None
 
     async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str, authorized: bool) -> Reply | StreamedReply:
+                     query: str) -> Reply | StreamedReply:
         parts = path.strip("/").split("/")
-        if not authorized:
-            self._authorize(headers, parts, method)
+        self._authorize(headers, parts, method)
         if parts[0] == "v2":
             settings = _settings_path(parts) if parts[-1] in ("logging", "setting") else None
             if settings is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from serval.auth import current_token
 from serval.errors import InvalidInput
 from serval.protocol.rest_codec import json_object
 from serval.protocol.shared_memory import SharedMemoryRegistry
@@ -40,12 +41,13 @@ def shared_memory_route(regions: SharedMemoryRegistry | None, method: str, parts
         return _cuda(action, name)
     if regions is None:
         raise InvalidInput(DISABLED)
+    caller = current_token()  # each client reaches the regions it registered (admin: all)
     if action == "status":
-        return _json([region.as_dict() for region in regions.status(name)])
+        return _json([region.as_dict() for region in regions.status(name, caller)])
     if action == "register":
-        regions.register(name, *_register_body(body))
+        regions.register(name, *_register_body(body), caller=caller)
     else:
-        regions.unregister(name)
+        regions.unregister(name, caller)
     return _done()
 
 
