@@ -82,7 +82,7 @@ class ModelRegistry(ModelTable):
             make_room=self._make_room, max_concurrent_loads=max_concurrent_loads,
             engine_threads=engine_threads, clock=clock)
         self._overrides: dict[str, LoadOverride] = {}  # in force until unload or plain load
-        self._locks = ModelLocks()  # one override load or unload per model at a time
+        self._locks = ModelLocks()  # one API load or unload per model at a time
         self.evictions = 0
         self.hits = 0  # requests that found their model loaded
         self.misses = 0  # requests that waited for a load
@@ -119,10 +119,19 @@ class ModelRegistry(ModelTable):
         """
         if isinstance(override, dict):
             override = prepare_override(name, override, {})
-        if override is not None or name in self._overrides:
-            await self._swap(name, override)
-            return
-        check_requested_name(name)
+        try:
+            check_requested_name(name)
+            async with self._locks.hold(name):  # one load or unload of a model at a time
+                if override is not None or name in self._overrides:
+                    given, override = override, None
+                    await self._swap(name, given)  # which owns the override now
+                else:
+                    await self._load_folder(name)
+        finally:
+            if override is not None:
+                override.discard()
+
+    async def _load_folder(self, name: str) -> None:
         directory = scan_model(self.root, name)
         if directory is None:
             raise ModelNotFound(f"failed to load '{name}': no model folder of that name in the "
@@ -158,16 +167,14 @@ class ModelRegistry(ModelTable):
         failure nothing changes: the serving versions, and their override, keep serving."""
         committed = False
         try:
-            check_requested_name(name)
-            async with self._locks.hold(name):
-                fresh, selected = await self._load_fresh(name, override)
-                previous = self._overrides.pop(name, None)
-                if override is not None:
-                    self._overrides[name] = override
-                committed = True
-                await self._hand_over(name, fresh, selected)
-                if previous is not None and previous is not override:
-                    previous.discard()
+            fresh, selected = await self._load_fresh(name, override)
+            previous = self._overrides.pop(name, None)
+            if override is not None:
+                self._overrides[name] = override
+            committed = True
+            await self._hand_over(name, fresh, selected)
+            if previous is not None and previous is not override:
+                previous.discard()
         finally:
             if not committed and override is not None:
                 override.discard()
