@@ -88,14 +88,23 @@ def tensor_from_raw(
     if datatype == "BYTES":
         view = memoryview(raw)[start : start + size]
         return decode_bytes_elements(view, count, name).reshape(shape)
-    dtype = numpy_dtype(datatype)
-    expected = count * dtype.itemsize
+    check_raw_size(datatype, shape, size, name, size_source)
+    return np.frombuffer(raw, dtype=numpy_dtype(datatype), count=count,
+                         offset=start).reshape(shape)
+
+
+def check_raw_size(datatype: str, shape: tuple[int, ...], size: int, name: str,
+                   size_source: str) -> None:
+    """InvalidInput unless `size` bytes are what a fixed-size tensor of this shape takes (any
+    size may hold BYTES elements): asked before bytes are read from where `size` points."""
+    if datatype == "BYTES":
+        return
+    expected = math.prod(shape) * numpy_dtype(datatype).itemsize
     if size != expected:
         raise InvalidInput(
             f"input '{name}': {datatype} shape {list(shape)} needs {expected} bytes, "
             f"{size_source} {size}"
         )
-    return np.frombuffer(raw, dtype=dtype, count=count, offset=start).reshape(shape)
 
 
 def tensor_to_raw(array: np.ndarray) -> bytes:

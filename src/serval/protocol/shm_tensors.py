@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from serval.errors import InvalidInput
-from serval.protocol.bytes_tensor import encode_bytes_elements, tensor_from_raw
+from serval.protocol.bytes_tensor import check_raw_size, encode_bytes_elements, tensor_from_raw
 from serval.protocol.shared_memory import Caller, SharedMemoryRegistry
 from serval.protocol.types import InferRequest, InferResponse, SharedMemoryRef
 
@@ -62,6 +62,7 @@ def resolve_inputs(regions: SharedMemoryRegistry | None, request: InferRequest,
             raise InvalidInput(f"input '{name}': shape {list(item.shape)} has {elements} "
                                f"elements; this server accepts at most {max_elements} per "
                                "tensor (--max-tensor-elements)")
+        check_raw_size(item.datatype, item.shape, ref.byte_size, name, f"{BYTE_SIZE} is")
         data = regions.read(ref.region, ref.offset, ref.byte_size, f"input '{name}'", caller)
         request.inputs[name] = tensor_from_raw(data, 0, ref.byte_size, item.datatype,
                                                item.shape, name, f"{BYTE_SIZE} is")

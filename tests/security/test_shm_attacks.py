@@ -1,0 +1,61 @@
+"""System shared memory under a careless or hostile client, on a real server: windows whose
+sizes disagree with their tensors' shapes are refused for what they are, before any byte of
+them is read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests import triton_examples
+from tests.conftest import RunningServer
+from tests.security.conftest import Factory
+
+pytestmark = pytest.mark.integration
+TAG = f"_serval_shm_attacks_{os.getpid()}"
+HUGE_BYTES = 256 * 1024 * 1024  # more than the default receive budget (192 MiB)
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root: Path = tmp_path_factory.mktemp("shm-attacks")
+    return server_factory(triton_examples.build(root))
+
+
+@pytest.fixture
+def sparse_object() -> Iterator[str]:
+    """A 256 MiB object that holds no memory (never written): its key."""
+    key = "/huge" + TAG
+    fd = os.open("/dev/shm" + key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, HUGE_BYTES)
+        yield key
+    finally:
+        os.close(fd)
+        os.unlink("/dev/shm" + key)
+
+
+def test_a_window_larger_than_its_shape_is_refused_for_its_size(
+        server: RunningServer, sparse_object: str) -> None:
+    """A 64-byte tensor given a 256 MiB window: the answer names the 64 bytes its shape
+    needs (before: that the server holds no 256 MiB copy, as if the copy were the point)."""
+    client = httpclient.InferenceServerClient(server.url)
+    client.register_system_shared_memory("huge", sparse_object, HUGE_BYTES)
+    try:
+        first, second = (httpclient.InferInput(n, [1, 16], "INT32")
+                         for n in ("INPUT0", "INPUT1"))
+        first.set_shared_memory("huge", HUGE_BYTES)
+        second.set_data_from_numpy(np.zeros((1, 16), dtype=np.int32))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("simple", [first, second])
+        assert str(caught.value.status()) == "400"
+        assert (f"input 'INPUT0': INT32 shape [1, 16] needs 64 bytes, shared_memory_byte_size "
+                f"is {HUGE_BYTES}") in caught.value.message()
+    finally:
+        client.unregister_system_shared_memory("huge")
