@@ -299,10 +299,10 @@ class ModelRegistry(ModelTable):
         returns why it failed ('' once READY)."""
         previous, served.broken = served.state, False
         try:
-            await self._load_steps(served)  # before taking a slot: a step needs its own
             if source is None:
                 override = self._overrides.get(served.name)
                 source = model_directory(self.root, served.name, override), override
+            await self._load_steps(served, source[1])  # before taking a slot: a step needs its own
             await self._loader.load(served, source)
         except ModelNotReady as exc:  # no room right now: transient, stays loadable
             served.state, served.reason = previous, exc.message
@@ -322,15 +322,21 @@ class ModelRegistry(ModelTable):
 
     # pipelines: a composite model serves only while every step's model does -----------------
 
-    async def _load_steps(self, served: ServedModel) -> None:
+    async def _load_steps(self, served: ServedModel, override: LoadOverride | None) -> None:
         """Load the models a pipeline's steps run on, so a step that cannot load (a refused
         Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
-        load, not at its first request. StepNotReady naming the step in the log only."""
-        steps = self._steps_of(served.name)
+        load, not at its first request. StepNotReady naming the step in the log only. The
+        steps are those of the config loading (`override`'s), loops checked with them."""
+        def steps_now(name: str) -> list[PipelineStep]:
+            if name == served.name:
+                return steps_of(self.root, name, override)
+            return self._steps_of(name)
+
+        steps = steps_now(served.name)
         if not steps:
             return
         served.state, served.reason = ModelState.LOADING, "loading its steps"
-        check_no_loop(served.name, self._steps_of)
+        check_no_loop(served.name, steps_now)
         for index, step in enumerate(steps, start=1):
             try:
                 await self._ensure_loaded(self.get(step.model, step.version))

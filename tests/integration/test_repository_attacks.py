@@ -1,0 +1,65 @@
+"""The repository API as a careless or hostile client drives it, on a real server: overrides
+that would make pipelines loop. Each bad load is the client's 400 and what served serves on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import Reply, call, infer
+
+pytestmark = pytest.mark.integration
+
+Factory = Callable[..., RunningServer]
+X = {"inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+                for name in ("INPUT0", "INPUT1")]}
+
+
+def _steps(model: str) -> dict[str, Any]:
+    """A pipeline's settings (config.yaml form) of one step on `model`, add_sub's tensors."""
+    io = {"inputs": [{"name": n, "datatype": "FP32", "dims": [16]} for n in ("INPUT0", "INPUT1")],
+          "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "dims": [16]}]}
+    return {"backend": "pipeline", "max_batch_size": 16, **io, "steps": [
+        {"model": model, "inputs": {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+         "outputs": {"OUTPUT0": "OUTPUT0"}}]}
+
+
+def _pipeline(root: Path, name: str, step: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.yaml").write_bytes(orjson.dumps(_steps(step)))  # JSON is YAML
+
+
+def _load(server: RunningServer, name: str, config: dict[str, Any] | None = None) -> Reply:
+    body = orjson.dumps({"parameters": {"config": config}}) if config else None
+    return call(server.url, "POST", f"/v2/repository/models/{name}/load", body)
+
+
+def test_an_override_that_makes_pipelines_loop_is_refused(server_factory: Factory,
+                                                          tmp_path: Path) -> None:
+    """outer runs on inner, inner on add_sub; an override of inner onto outer closes a loop.
+    It was loaded (its loop checked against the folder's steps, not the override's), and then
+    every request to either pipeline recursed until a 500, and no override could mend it."""
+    fixture_models.add_sub(tmp_path)
+    _pipeline(tmp_path, "inner", "add_sub")
+    _pipeline(tmp_path, "outer", "inner")
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    assert _load(server, "outer").status == 200
+    assert infer(server.url, "outer", X).status == 200
+
+    for looping in ("outer", "inner"):
+        refused = _load(server, "inner", _steps(looping))
+        assert refused.status == 400, refused.body
+        assert f"pipeline steps loop: inner -> {looping}" in refused.error, refused.body
+        for model in ("outer", "inner"):
+            served = infer(server.url, model, X)
+            assert served.status == 200, served.body
+            assert served.json()["outputs"][0]["data"] == [2.0] * 16
+
+    assert _load(server, "inner", _steps("add_sub")).status == 200  # a good override loads
+    assert infer(server.url, "outer", X).status == 200
