@@ -112,3 +112,25 @@ def test_another_token_cannot_reach_a_clients_region(
     finally:
         client.unregister_system_shared_memory(headers=_headers(tokens["admin"]))
     assert _names(client, alice) == []
+
+
+def test_one_token_cannot_take_every_region(
+        tenants: tuple[RunningServer, dict[str, str]], alices_object: Any) -> None:
+    """A token holds at most 64 of the server's 256 regions: the others' stay to be had."""
+    server, tokens = tenants
+    client = httpclient.InferenceServerClient(server.url)
+    alice = _headers(tokens["alice"])
+    try:
+        for index in range(64):
+            client.register_system_shared_memory(f"r{index}", "/secret" + TAG, 64,
+                                                 headers=alice)
+        with pytest.raises(InferenceServerException) as caught:
+            client.register_system_shared_memory("r64", "/secret" + TAG, 64, headers=alice)
+        assert str(caught.value.status()) == "400"
+        assert "a token may hold at most 64 shared memory regions" in caught.value.message()
+        client.register_system_shared_memory("bobs", "/secret" + TAG, 64,
+                                             headers=_headers(tokens["bob"]))
+        assert _names(client, tokens["bob"]) == ["bobs"]
+        assert len(_names(client, tokens["alice"])) == 64
+    finally:
+        client.unregister_system_shared_memory(headers=_headers(tokens["admin"]))

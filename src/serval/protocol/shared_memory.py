@@ -24,6 +24,7 @@ from serval.errors import InvalidInput, Overloaded
 
 SHM_ROOT = Path("/dev/shm")  # where shm_open(3) keeps its objects on Linux
 MAX_REGIONS = 256  # each holds its object's descriptor
+MAX_REGIONS_PER_TOKEN = 64  # with auth: one client cannot take every region
 MAX_NAME_CHARS = 255
 MAX_KEY_BYTES = 255  # NAME_MAX: a key is one file name under SHM_ROOT
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
@@ -89,9 +90,11 @@ class SharedMemoryRegistry:
     """The server's registered regions, by name (one namespace, as Triton's)."""
 
     def __init__(self, root: Path = SHM_ROOT, max_regions: int = MAX_REGIONS,
-                 budget: Budget | None = None) -> None:
+                 budget: Budget | None = None,
+                 max_regions_per_token: int = MAX_REGIONS_PER_TOKEN) -> None:
         self.root = root
         self.max_regions = max_regions
+        self.max_regions_per_token = max_regions_per_token
         self.budget = budget  # None: copies are not counted (tests, tools)
         self._regions: dict[str, _Region] = {}
 
@@ -111,13 +114,17 @@ class SharedMemoryRegistry:
         if len(self._regions) >= self.max_regions:
             raise InvalidInput(f"this server holds at most {self.max_regions} shared memory "
                                "regions; unregister one first")
+        owner = None if caller is None else caller.owner_id
+        if owner and sum(r.owner == owner for r in self._regions.values()
+                         ) >= self.max_regions_per_token:
+            raise InvalidInput(f"a token may hold at most {self.max_regions_per_token} shared "
+                               "memory regions of this server's; unregister one first")
         fd = _open(self.root, key)
         try:
             _check_object(fd, key, offset, byte_size)
         except BaseException:
             os.close(fd)
             raise
-        owner = None if caller is None else caller.owner_id
         self._regions[name] = _Region(RegionStatus(name, key, offset, byte_size), fd, owner)
 
     def unregister(self, name: str | None = None, caller: Caller | None = None) -> int:
