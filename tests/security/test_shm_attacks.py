@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests import triton_examples
 from tests.conftest import RunningServer
+from tests.integration.http_helpers import call
 from tests.security.conftest import Factory
 
 pytestmark = pytest.mark.integration
@@ -59,3 +61,27 @@ def test_a_window_larger_than_its_shape_is_refused_for_its_size(
                 f"is {HUGE_BYTES}") in caught.value.message()
     finally:
         client.unregister_system_shared_memory("huge")
+
+
+def test_a_size_that_is_not_an_integer_is_named_for_what_it_is(
+        server: RunningServer, sparse_object: str) -> None:
+    """"64" (a string) and 64.0 are not the integer 64, and the error must not print them as
+    if they were."""
+    register = "/v2/systemsharedmemory/region/typed/register"
+    for sent, shown in (('"64"', "got '64' (a string)"), ("64.0", "got 64.0 (a float)"),
+                        ("true", "got True (a boolean)")):
+        reply = call(server.url, "POST", register,
+                     f'{{"key": "{sparse_object}", "byte_size": {sent}}}'.encode())
+        assert reply.status == 400 and shown in reply.error, (sent, reply.error)
+    client = httpclient.InferenceServerClient(server.url)
+    client.register_system_shared_memory("typed", sparse_object, 64)
+    try:
+        body = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "parameters": {
+            "shared_memory_region": "typed", "shared_memory_byte_size": "64"}}
+            for n in ("INPUT0", "INPUT1")]}
+        reply = call(server.url, "POST", "/v2/models/simple/infer", orjson.dumps(body))
+        assert reply.status == 400
+        assert "'shared_memory_byte_size' must be a non-negative integer, got '64' (a " \
+               "string)" in reply.error
+    finally:
+        client.unregister_system_shared_memory("typed")

@@ -247,7 +247,19 @@ def _check_name(name: Any) -> None:
 def _check_int(value: Any, field: str, least: int) -> None:
     if type(value) is not int or value < least:
         raise InvalidInput(f"shared memory '{field}' must be an integer of at least {least}, "
-                           f"got {str(value)[:40]}")
+                           f"got {shown_value(value)}")
+
+
+_KINDS = {str: "a string", bool: "a boolean", float: "a float", bytes: "bytes", list: "a list",
+          dict: "an object", type(None): "null"}
+
+
+def shown_value(value: Any) -> str:
+    """A value a client sent where an integer belongs, as sent: '64' (a string) and 64.0 (a
+    float) must not read as the integer 64."""
+    if type(value) is int:
+        return str(value)
+    return f"{repr(value)[:40]} ({_KINDS.get(type(value), type(value).__name__)})"
 
 
 def _check_object(fd: int, key: str, offset: int, byte_size: int) -> None:

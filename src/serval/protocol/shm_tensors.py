@@ -11,7 +11,7 @@ import numpy as np
 
 from serval.errors import InvalidInput
 from serval.protocol.bytes_tensor import check_raw_size, encode_bytes_elements, tensor_from_raw
-from serval.protocol.shared_memory import Caller, SharedMemoryRegistry
+from serval.protocol.shared_memory import Caller, SharedMemoryRegistry, shown_value
 from serval.protocol.types import InferRequest, InferResponse, SharedMemoryRef
 
 REGION, BYTE_SIZE = "shared_memory_region", "shared_memory_byte_size"
@@ -37,7 +37,7 @@ def shared_memory_ref(params: Mapping[str, Any], what: str) -> SharedMemoryRef |
     for key, value in ((BYTE_SIZE, size), (OFFSET, offset)):
         if type(value) is not int or value < 0:
             raise InvalidInput(f"{what}: '{key}' must be a non-negative integer, got "
-                               f"{str(value)[:40]}")
+                               f"{shown_value(value)}")
     return SharedMemoryRef(region, size, offset)
 
 
