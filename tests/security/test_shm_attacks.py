@@ -1,6 +1,6 @@
 """System shared memory under a careless or hostile client, on a real server: windows whose
 sizes disagree with their tensors' shapes are refused for what they are, before any byte of
-them is read."""
+them is read; sizes that are not integers and outputs asked for twice are named."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -85,3 +86,27 @@ def test_a_size_that_is_not_an_integer_is_named_for_what_it_is(
                "string)" in reply.error
     finally:
         client.unregister_system_shared_memory("typed")
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_an_output_asked_for_twice_is_refused(server: RunningServer, sparse_object: str,
+                                              transport: str) -> None:
+    """OUTPUT0 into two places of a region: the answer could name only one of them (before,
+    both were written and the answer named the last)."""
+    module = httpclient if transport == "http" else grpcclient
+    client = module.InferenceServerClient(server.url if transport == "http"
+                                          else server.grpc_url)
+    client.register_system_shared_memory("twice", sparse_object, 128)
+    try:
+        inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.int32))
+        outputs = [module.InferRequestedOutput("OUTPUT0") for _ in range(2)]
+        for index, output in enumerate(outputs):
+            output.set_shared_memory("twice", 64, offset=64 * index)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("simple", inputs, outputs=outputs)
+        assert str(caught.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert "output 'OUTPUT0' is asked for more than once" in caught.value.message()
+    finally:
+        client.unregister_system_shared_memory("twice")

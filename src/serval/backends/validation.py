@@ -60,10 +60,14 @@ def _check_requested_outputs(request: InferRequest, metadata: ModelMetadata, mod
     if not request.outputs:
         return
     known = {spec.name for spec in metadata.outputs}
+    asked: set[str] = set()
     for output in request.outputs:
         if output.name not in known:
             outputs = ", ".join(sorted(known))
             raise InvalidInput(f"model '{model}' has no output '{output.name}'; outputs: {outputs}")
+        if output.name in asked:  # (as Triton): which of its places would the answer name?
+            raise InvalidInput(f"output '{output.name}' is asked for more than once")
+        asked.add(output.name)
 
 
 def _describe(specs: dict[str, TensorSpec]) -> str:
