@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextvars
 import logging
 import math
 import re
@@ -76,8 +77,9 @@ class HttpApp:
         the right token is refused before it can make the server hold its body."""
         if self.auth is None:
             return None
-        try:
-            self._authorize(headers, path.strip("/").split("/"), method)
+        try:  # in a context of its own: the token it finds names no later request's caller
+            contextvars.copy_context().run(self._authorize, headers,
+                                           path.strip("/").split("/"), method)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
         return None
