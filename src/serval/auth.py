@@ -100,8 +100,7 @@ class TokenStore:
 def create_token(path: Path, scopes: list[str], name: str) -> str:
     """Append a new token's hash to the file; return the token (shown once, never stored)."""
     for scope in scopes:
-        if scope not in ("read", "admin") and not scope.startswith("infer:"):
-            raise ConfigError(f"unknown scope '{scope}'; use read, admin or infer:<model-glob>")
+        _check_scope(scope, "")
     entries = _read_entries(path) if path.exists() else []
     secret = secrets.token_urlsafe(32)
     entries.append({"name": name, "sha256": hashlib.sha256(secret.encode()).hexdigest(),
@@ -141,4 +140,18 @@ def _token(entry: object, path: Path) -> Token:
         digest = bytes.fromhex(str(entry["sha256"]))
     except ValueError:
         raise ConfigError(f"{path}: token '{entry['name']}' has a malformed sha256") from None
-    return Token(str(entry["name"]), digest, tuple(str(s) for s in entry["scopes"]))
+    scopes = entry["scopes"]
+    where = f"{path}: token '{entry['name']}': "
+    if not isinstance(scopes, list):  # a bare "admin" would be the scopes a, d, m, i, n
+        raise ConfigError(f"{where}scopes must be a list, such as [admin] or [\"infer:*\"]")
+    for scope in scopes:
+        _check_scope(scope, where)
+    return Token(str(entry["name"]), digest, tuple(scopes))
+
+
+def _check_scope(scope: object, where: str) -> None:
+    """ConfigError for a scope no check knows: it would grant nothing, silently."""
+    if not isinstance(scope, str) or (scope not in ("read", "admin")
+                                      and not scope.startswith("infer:")):
+        raise ConfigError(f"{where}unknown scope '{scope}'; use read, admin or "
+                          "infer:<model-glob>")

@@ -145,3 +145,22 @@ def test_unknown_scopes_are_refused(tmp_path: Path) -> None:
                              str(tmp_path / "t.yaml"), "--scope", "root"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "unknown scope 'root'" in result.stderr
+
+
+@pytest.mark.parametrize(("scopes", "message"), [
+    ("admin", "scopes must be a list, such as [admin]"),
+    ('"infer:*"', "scopes must be a list"),
+    ("[admn]", "unknown scope 'admn'"),
+    ("[read, 5]", "unknown scope '5'"),
+])
+def test_a_hand_edited_tokens_file_with_bad_scopes_stops_the_server(
+        tmp_path: Path, scopes: str, message: str) -> None:
+    """Such a token granted nothing, silently (`scopes: admin` read as a, d, m, i, n): the
+    operator met 403s with no word of why."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(f"tokens:\n  - name: ops\n    sha256: '{'0' * 64}'\n    scopes: {scopes}\n")
+    result = subprocess.run([sys.executable, "-m", "serval", "serve", "-r", str(tmp_path),
+                             "--auth-tokens", str(tokens)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "token 'ops'" in result.stderr and message in result.stderr
