@@ -134,3 +134,37 @@ def test_one_token_cannot_take_every_region(
         assert len(_names(client, tokens["alice"])) == 64
     finally:
         client.unregister_system_shared_memory(headers=_headers(tokens["admin"]))
+
+
+def test_a_grpc_stream_reaches_its_own_tokens_regions_only(
+        tenants: tuple[RunningServer, dict[str, str]], alices_object: Any) -> None:
+    """Each stream request is served as the stream's token: the owner's request reads her
+    region, another token's stream finds no such region."""
+    import queue
+    server, tokens = tenants
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.register_system_shared_memory("secret", "/secret" + TAG, 128,
+                                         headers=_headers(tokens["alice"]))
+    try:
+        for who, expected in (("alice", None), ("bob", "Unable to find system shared "
+                                                       "memory region: 'secret'")):
+            answers: queue.Queue[Any] = queue.Queue()
+            stream = grpcclient.InferenceServerClient(server.grpc_url)
+            stream.start_stream(callback=lambda result, error, answers=answers:
+                                answers.put((result, error)), headers=_headers(tokens[who]))
+            try:
+                first, second = (grpcclient.InferInput(n, [1, 16], "INT32")
+                                 for n in ("INPUT0", "INPUT1"))
+                first.set_shared_memory("secret", 64)
+                second.set_data_from_numpy(ZEROS)
+                stream.async_stream_infer("simple", [first, second])
+                result, error = answers.get(timeout=30)
+            finally:
+                stream.stop_stream()
+            if expected is None:
+                assert error is None, error
+                assert result.as_numpy("OUTPUT0").tolist() == SECRET.tolist()
+            else:
+                assert error is not None and expected in str(error), (result, error)
+    finally:
+        client.unregister_system_shared_memory(headers=_headers(tokens["admin"]))
