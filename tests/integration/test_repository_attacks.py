@@ -63,3 +63,25 @@ def test_an_override_that_makes_pipelines_loop_is_refused(server_factory: Factor
 
     assert _load(server, "inner", _steps("add_sub")).status == 200  # a good override loads
     assert infer(server.url, "outer", X).status == 200
+
+
+def test_a_loop_through_a_pipelines_loaded_steps_is_refused(server_factory: Factory,
+                                                            tmp_path: Path) -> None:
+    """outer serves on inner; its folder's config is then edited to run on add_sub, and not
+    reloaded. An override of inner onto outer looked loop-free by the folder's config and
+    loaded, while outer still ran on inner: each request recursed until a 500."""
+    fixture_models.add_sub(tmp_path)
+    _pipeline(tmp_path, "inner", "add_sub")
+    _pipeline(tmp_path, "outer", "inner")
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    assert _load(server, "outer").status == 200
+    (tmp_path / "outer" / "config.yaml").write_bytes(orjson.dumps(_steps("add_sub")))
+
+    refused = _load(server, "inner", _steps("outer"))
+    assert refused.status == 400, refused.body
+    assert "pipeline steps loop: inner -> outer -> inner" in refused.error, refused.body
+    assert infer(server.url, "outer", X).status == 200
+
+    assert _load(server, "outer").status == 200  # it runs on add_sub now
+    assert _load(server, "inner", _steps("outer")).status == 200
+    assert infer(server.url, "inner", X).status == 200

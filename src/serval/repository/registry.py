@@ -46,6 +46,7 @@ from serval.repository.steps import (
     StepNotReady,
     check_no_loop,
     check_step_tensors,
+    ready_steps,
     step_models,
     steps_of,
 )
@@ -327,10 +328,10 @@ class ModelRegistry(ModelTable):
         Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
         load, not at its first request. StepNotReady naming the step in the log only. The
         steps are those of the config loading (`override`'s), loops checked with them."""
-        def steps_now(name: str) -> list[PipelineStep]:
+        def steps_now(name: str) -> list[PipelineStep]:  # and those its ready versions run
             if name == served.name:
                 return steps_of(self.root, name, override)
-            return self._steps_of(name)
+            return self._steps_of(name) + ready_steps(self._models.get(name, {}).values())
 
         steps = steps_now(served.name)
         if not steps:

@@ -3,7 +3,7 @@ pipeline's config), loops among pipelines, and whether every step's model serves
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from serval.errors import ConfigError, ModelNotFound
@@ -59,6 +59,13 @@ def steps_of(root: Path, name: str, override: LoadOverride | None) -> list[Pipel
         return list((override.config(directory) if override else directory.config()).steps)
     except ConfigError:
         return []
+
+
+def ready_steps(versions: Iterable[ServedModel]) -> list[PipelineStep]:
+    """The steps a model's ready versions run: their loaded config's, which a config edited
+    since (not yet reloaded) no longer shows."""
+    return [step for served in versions if served.state is ModelState.READY and served.spec
+            for step in served.spec.config.steps]
 
 
 def check_no_loop(name: str, steps: StepsOf) -> None:
