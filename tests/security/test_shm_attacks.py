@@ -110,3 +110,23 @@ def test_an_output_asked_for_twice_is_refused(server: RunningServer, sparse_obje
         assert "output 'OUTPUT0' is asked for more than once" in caught.value.message()
     finally:
         client.unregister_system_shared_memory("twice")
+
+
+def test_a_posix_semaphore_is_not_a_region(server: RunningServer) -> None:
+    """sem_open keeps its semaphores in /dev/shm as sem.<name>, plain files the server's user
+    may write: registered as a region, an output written into one would corrupt the lock of
+    whatever process of that user holds it (the server's own Python models included)."""
+    name = "sem.serval" + TAG
+    fd = os.open("/dev/shm/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 32)  # a sem_t's size
+        client = httpclient.InferenceServerClient(server.url)
+        for key in (name, "/" + name):
+            with pytest.raises(InferenceServerException) as caught:
+                client.register_system_shared_memory("lock", key, 32)
+            assert str(caught.value.status()) == "400"
+            assert "names a POSIX semaphore (sem.*)" in caught.value.message()
+        assert client.get_system_shared_memory_status() == []
+    finally:
+        os.close(fd)
+        os.unlink("/dev/shm/" + name)

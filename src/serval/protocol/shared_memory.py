@@ -222,7 +222,8 @@ class SharedMemoryRegistry:
 
 def object_name(key: str) -> str:
     """The file name a key stands for under the shm root ("/name" or "name"), or InvalidInput:
-    one path component only, never '.', '..', empty, NUL or over NAME_MAX bytes."""
+    one path component only, never '.', '..', empty, NUL or over NAME_MAX bytes, nor a
+    semaphore of some process of the server's user."""
     if not isinstance(key, str):
         raise InvalidInput("shared memory 'key' must be a string such as \"/my_region\"")
     name = key[1:] if key.startswith("/") else key
@@ -233,6 +234,9 @@ def object_name(key: str) -> str:
                            "'/', NUL, '.' or '..'")
     if len(name.encode("utf-8", errors="surrogatepass")) > MAX_KEY_BYTES:
         raise InvalidInput(f"shared memory key '{shown}...' is longer than {MAX_KEY_BYTES} bytes")
+    if name.startswith("sem."):  # sem_open's objects: an output written there hangs their users
+        raise InvalidInput(f"shared memory key '{shown}' names a POSIX semaphore (sem.*), not "
+                           "a shared memory region")
     return name
 
 
