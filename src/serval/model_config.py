@@ -3,6 +3,8 @@ ModelConfig, with its batching, queue, engine, tensor, warm-up and sequence sett
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -307,19 +309,32 @@ def load_model_config(path: Path, override: dict[str, object] | None = None) -> 
         raise ConfigError(f"{path}: {_first_problem(exc)}") from None
 
 
-def read_config_text(path: Path) -> str:
-    """A model's config (or label) file as text; ConfigError when it is not a readable file
-    of UTF-8 text (a folder of that name, no permission, other bytes)."""
+MAX_CONFIG_BYTES = 256 * 1024  # Triton's largest configs (ensembles) hold a few KiB; one is
+# parsed on the event loop (a 1 MiB config.pbtxt took seconds there, every request waiting)
+
+
+def read_config_text(path: Path, max_bytes: int | None = MAX_CONFIG_BYTES) -> str:
+    """A model's config (or label) file as text; ConfigError when it is not a readable regular
+    file (a folder, a pipe or a device, which would block or never end) of UTF-8 text of at
+    most `max_bytes` (None: any size)."""
     if path.is_dir():
         raise ConfigError(f"{path}: is a folder; it must be a file")
     try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
-                          f"offset {exc.start})") from None
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ConfigError(f"{path}: is not a regular file")
+            data = handle.read() if max_bytes is None else handle.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or type(exc).__name__}"
                           ) from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ConfigError(f"{path}: is larger than {max_bytes} bytes, the most a model config "
+                          "may hold")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                          f"offset {exc.start})") from None
 
 
 def _read_yaml(path: Path) -> dict[str, object]:

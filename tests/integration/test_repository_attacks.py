@@ -1,8 +1,10 @@
 """The repository API as a careless or hostile client drives it, on a real server: overrides
-that would make pipelines loop. Each bad load is the client's 400 and what served serves on."""
+that would make pipelines loop, config files too big to parse. Each bad load is the client's
+400 and what served serves on."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from serval.model_config import MAX_CONFIG_BYTES
 from tests import fixture_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import Reply, call, infer
@@ -85,3 +88,22 @@ def test_a_loop_through_a_pipelines_loaded_steps_is_refused(server_factory: Fact
     assert _load(server, "outer").status == 200  # it runs on add_sub now
     assert _load(server, "inner", _steps("outer")).status == 200
     assert infer(server.url, "inner", X).status == 200
+
+
+def test_a_config_file_past_the_limit_is_refused_and_the_server_stays_live(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """A load whose files hold a config.pbtxt of ~1 MiB (20,000 inputs) parsed it on the event
+    loop several times: ~10 s in which not even /v2/health/live answered. It is refused by its
+    size, before it is parsed."""
+    model = fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    pbtxt = "".join(f'input {{ name: "i{n}" data_type: TYPE_FP32 dims: [1] }}\n'
+                    for n in range(20_000))
+    files = {"file:config.pbtxt": base64.b64encode(pbtxt.encode()).decode(),
+             "file:1/model.onnx": base64.b64encode(model.read_bytes()).decode()}
+    body = orjson.dumps({"parameters": {"config": "{}", **files}})
+    refused = call(server.url, "POST", "/v2/repository/models/big/load", body)
+    assert refused.status == 400, refused.body
+    assert refused.error == (f"failed to load 'big': config.pbtxt: is larger than "
+                             f"{MAX_CONFIG_BYTES} bytes, the most a model config may hold")
+    assert call(server.url, "GET", "/v2/health/live").status == 200

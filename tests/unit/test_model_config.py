@@ -3,12 +3,14 @@ problem, and every number is bounded by the Triton model_config.proto field it i
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from serval.errors import ConfigError
-from serval.model_config import INT32_MAX, load_model_config
+from serval.model_config import INT32_MAX, MAX_CONFIG_BYTES, load_model_config
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +65,36 @@ def test_the_bounds_themselves_are_accepted(tmp_path: Path) -> None:
     config = _load(tmp_path, f"max_batch_size: {INT32_MAX}\n"
                              "onnxruntime: {intra_op_threads: 1024, inter_op_threads: 1024}\n")
     assert config.max_batch_size == INT32_MAX  # type: ignore[attr-defined]
+
+
+def test_a_config_that_is_a_pipe_is_refused_at_once(tmp_path: Path) -> None:
+    """A config.yaml that is a named pipe blocked the reading thread (the event loop) until
+    some process wrote to it; it is refused without waiting. (The writer below ends the
+    wait an old reader would be stuck in, so this fails rather than hangs there.)"""
+    pipe = tmp_path / "config.yaml"
+    os.mkfifo(pipe)
+    refused: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            load_model_config(pipe)
+        except ConfigError as exc:
+            refused.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # stuck opening the pipe: give it a writer, then an end
+        with open(pipe, "w") as writer:
+            writer.write("max_batch_size: 4\n")
+        reader.join(5)
+    assert [str(exc) for exc in refused] == [f"{pipe}: is not a regular file"]
+
+
+def test_a_config_larger_than_the_limit_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("max_batch_size: 4\n" + "#" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ConfigError, match=f"is larger than {MAX_CONFIG_BYTES} bytes"):
+        load_model_config(config)
+    config.write_text("max_batch_size: 4\n" + "#" * (MAX_CONFIG_BYTES - 100) + "\n")
+    assert load_model_config(config).max_batch_size == 4

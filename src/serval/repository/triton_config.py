@@ -263,7 +263,7 @@ def _labels(model_dir: Path, filename: str, source: str) -> list[str]:
     if model_dir.resolve() not in path.parents or not path.exists():
         raise ConfigError(f"{source}: label_filename '{filename}': no such file in the model's "
                           "folder")
-    return [line.strip() for line in read_config_text(path).splitlines()]
+    return [line.strip() for line in read_config_text(path, None).splitlines()]
 
 
 def _warmup(sample: mc.ModelWarmup, source: str) -> dict[str, Any]:
