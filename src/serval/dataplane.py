@@ -341,7 +341,7 @@ class DataPlane:
                         "decoupled transaction policy; use gRPC ModelStreamInfer")
                 validate_request(request, metadata, name)
                 assert served.runner is not None
-                cached = (await self._cache_lookup(served, request)
+                cached = (await self._cache_lookup(served, request, metadata)
                           if self.registry.cache.capacity else None)
                 if cached is not None and cached.outputs is not None:
                     outputs = cached.outputs  # a hit: the model does not run
@@ -361,14 +361,15 @@ class DataPlane:
             stats.record_request("success", time.perf_counter_ns() - received_ns)
             return InferResponse(name, served.version, selected, request.id)
 
-    async def _cache_lookup(self, served: ServedModel, request: InferRequest) -> Lookup | None:
+    async def _cache_lookup(self, served: ServedModel, request: InferRequest,
+                            metadata: ModelMetadata) -> Lookup | None:
         """The request's response cache lookup; None where the model has no cache."""
         spec = served.spec
         if spec is None or not spec.config.response_cache:
             return None
         scope = (served.name, served.version, served.load_number)
         return await look_up(self.registry.cache, scope, spec.config.backend == "pipeline",
-                             request, served.stats)
+                             request, served.stats, [o.name for o in metadata.outputs])
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry

@@ -75,3 +75,14 @@ def test_a_hit_for_outputs_the_stored_answer_lacks_runs_the_model(
     np.testing.assert_array_equal(both.as_numpy("DIFF"), x - 1)
     again = _ask(client, x, "SUM")  # still a hit once both are held
     np.testing.assert_array_equal(again.as_numpy("SUM"), x + 1)
+
+
+def test_a_request_that_names_no_outputs_gets_them_all_after_a_partial_entry(
+        cache_server: RunningServer) -> None:
+    """No outputs named means every output: an entry holding SUM alone must not answer it."""
+    client = httpclient.InferenceServerClient(cache_server.url)
+    x = np.arange(4, dtype=np.float32) + 10
+    np.testing.assert_array_equal(_ask(client, x, "SUM").as_numpy("SUM"), x + 1)
+    every = _ask(client, x)
+    assert sorted(o["name"] for o in every.get_response()["outputs"]) == ["DIFF", "SUM"]
+    np.testing.assert_array_equal(every.as_numpy("DIFF"), x - 1)

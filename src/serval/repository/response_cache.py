@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -132,16 +133,18 @@ OFF_LOOP_BYTES = 1 << 20  # larger inputs are hashed on a thread (~0.6 ms of loo
 
 
 async def look_up(cache: ResponseCache, scope: Scope, composite: bool, request: InferRequest,
-                  stats: ModelStats) -> Lookup:
-    """The request's lookup. Inputs over OFF_LOOP_BYTES are hashed on a thread (SHA-256
-    releases the GIL), so a large request does not stall every other one on the loop."""
+                  stats: ModelStats, every_output: Sequence[str] = ()) -> Lookup:
+    """The request's lookup (`every_output`: the model's outputs, what a request that names
+    none asks for). Inputs over OFF_LOOP_BYTES are hashed on a thread (SHA-256 releases the
+    GIL), so a large request does not stall every other one on the loop."""
     started_ns = time.perf_counter_ns()
     generation = cache.generation if composite else 0
     if sum(array.nbytes for array in request.inputs.values()) > OFF_LOOP_BYTES:
         key = await asyncio.to_thread(request_key, scope, request, generation)
     else:
         key = request_key(scope, request, generation)
-    wanted = [output.name for output in request.outputs or ()]
+    wanted = ([output.name for output in request.outputs] if request.outputs
+              else list(every_output))
     return Lookup(cache, scope, composite, key, stats, started_ns, wanted)
 
 
