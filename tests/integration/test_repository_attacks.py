@@ -90,11 +90,11 @@ def test_a_loop_through_a_pipelines_loaded_steps_is_refused(server_factory: Fact
     assert infer(server.url, "inner", X).status == 200
 
 
-def test_a_config_file_past_the_limit_is_refused_and_the_server_stays_live(
+def test_a_config_past_the_limit_is_refused_and_the_server_stays_live(
         server_factory: Factory, tmp_path: Path) -> None:
     """A load whose files hold a config.pbtxt of ~1 MiB (20,000 inputs) parsed it on the event
     loop several times: ~10 s in which not even /v2/health/live answered. It is refused by its
-    size, before it is parsed."""
+    size, before it is parsed; so is a `config` parameter of that size."""
     model = fixture_models.add_sub(tmp_path)
     server = server_factory(tmp_path, "--model-control", "explicit")
     pbtxt = "".join(f'input {{ name: "i{n}" data_type: TYPE_FP32 dims: [1] }}\n'
@@ -106,4 +106,12 @@ def test_a_config_file_past_the_limit_is_refused_and_the_server_stays_live(
     assert refused.status == 400, refused.body
     assert refused.error == (f"failed to load 'big': config.pbtxt: is larger than "
                              f"{MAX_CONFIG_BYTES} bytes, the most a model config may hold")
+    # the same config in Triton's JSON form, as the parameter: ~3 s on the event loop
+    inputs = [{"name": f"i{n}", "data_type": "TYPE_FP32", "dims": [1]} for n in range(20_000)]
+    triton = {"name": "add_sub", "max_batch_size": 8, "input": inputs}
+    refused = _load(server, "add_sub", triton)
+    assert refused.status == 400, refused.body
+    size = len(orjson.dumps(triton))
+    assert refused.error == (f"failed to load 'add_sub': parameter 'config' holds {size} "
+                             f"bytes of JSON; a model config may hold at most {MAX_CONFIG_BYTES}")
     assert call(server.url, "GET", "/v2/health/live").status == 200

@@ -5,6 +5,7 @@ to a private folder that stands in for the model's folder while the override is 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 from serval.backends.base import ModelVersionSpec
 from serval.config import TransportLimits
 from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound, ModelNotReady
-from serval.model_config import ModelConfig
+from serval.model_config import MAX_CONFIG_BYTES, ModelConfig
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import ModelDirectory, scan_model
 from serval.repository.store import serving_version
@@ -136,6 +137,10 @@ def prepare_override(name: str, config: dict[str, Any] | None, files: Mapping[st
         raise InvalidInput(f"failed to load '{name}': parameter 'config' must accompany "
                            "'file:' parameters (as in Triton: the files replace the model's "
                            "folder, so the config must be given)")
+    size = len(json.dumps(config, separators=(",", ":")))
+    if size > MAX_CONFIG_BYTES:  # as a config file: it is read on the event loop
+        raise InvalidInput(f"failed to load '{name}': parameter 'config' holds {size} bytes of "
+                           f"JSON; a model config may hold at most {MAX_CONFIG_BYTES}")
     settings, triton = config_form(name, config)
     check_no_server_files(name, settings, triton)
     folder = write_files(name, check_files(name, files, max_bytes)) if files else None
