@@ -238,3 +238,20 @@ def test_a_triton_python_model_loads_from_files(server_factory: Callable[..., Ru
     result = client.infer("py_add_sub", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + x)
     assert not any(tmp_path.iterdir())  # nothing written into the repository
+
+
+def test_a_bad_config_parameter_is_named_as_the_parameter_not_a_file(secured: Secured) -> None:
+    """A `config` whose inputs the model lacks was blamed on add_sub/config.pbtxt, a file the
+    model does not have (Triton's form) or that holds no inputs (config.yaml settings)."""
+    server, _ = secured
+    triton = {"name": "add_sub", "max_batch_size": 8,
+              "input": [{"name": "a", "data_type": "TYPE_FP32", "dims": [16]}]}
+    settings = {"max_batch_size": 8, "inputs": [{"name": "a", "datatype": "FP32", "dims": [16]}]}
+    lacks = "input 'a' is not an input of the model (it has INPUT0, INPUT1)"
+    for config, source in ((triton, "parameter 'config'"),
+                           (settings, "add_sub/config.yaml with parameter 'config' over it")):
+        refused = call(server.url, "POST", "/v2/repository/models/add_sub/load",
+                       orjson.dumps({"parameters": {"config": config}}), _admin(secured))
+        assert refused.status == 400, refused.body
+        assert refused.error == (f"failed to load 'add_sub': version 1: load failed: {source}: "
+                                 f"{lacks}")

@@ -4,6 +4,7 @@ an engine loaded, warmed up and batched; a pipeline's steps run through the data
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from serval.backends.base import Engine, ModelCaller, ModelVersionSpec, Served
@@ -24,11 +25,12 @@ from serval.repository.warmup import run_warmup
 class VersionContext:
     """One version's ServeContext: its statistics, the shared engine pool, the step router."""
 
-    __slots__ = ("_executor", "_served", "_steps")
+    __slots__ = ("_config_source", "_executor", "_served", "_steps")
 
     def __init__(self, served: ServedModel, executor: ThreadPoolExecutor,
-                 steps: StepRouter) -> None:
+                 steps: StepRouter, config_source: Callable[[str], str] = str) -> None:
         self._served, self._executor, self._steps = served, executor, steps
+        self._config_source = config_source  # where a config file's settings came from
 
     async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
         """The engine's model, loaded off the loop, warmed up only when its config asks
@@ -37,7 +39,8 @@ class VersionContext:
         model = await asyncio.to_thread(engine.load, spec)
         try:
             config_file = PBTXT_FILE if spec.config.triton is not None else MODEL_CONFIG_FILE
-            model = as_declared(model, spec.config, f"{spec.path.parent}/{config_file}")
+            model = as_declared(model, spec.config,
+                                self._config_source(f"{spec.path.parent}/{config_file}"))
         except ConfigError:
             model.unload()
             raise

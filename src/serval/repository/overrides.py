@@ -67,6 +67,13 @@ class LoadOverride:
             return to_model_config(self.triton, directory.path, CONFIG_SOURCE)
         return directory.config(self.settings)
 
+    def source(self, config_file: str) -> str:
+        """Where the settings of a version loaded under this override came from, for errors
+        (the folder's config file is not all of it, or none of it)."""
+        if self.triton is not None:
+            return CONFIG_SOURCE
+        return f"{config_file} with {CONFIG_SOURCE} over it" if self.settings else config_file
+
     def problem(self, directory: ModelDirectory) -> str | None:
         """What is wrong with the override itself (None: nothing; a broken folder config of
         its own is not the override's problem: the load reports it)."""
