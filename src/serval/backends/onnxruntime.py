@@ -115,8 +115,8 @@ class OnnxModel:
         try:
             results = session.run(self._output_names, feed, self._run_options)
         except Exception as exc:
-            if type(exc).__name__ == "InvalidArgument":  # ORT's INVALID_ARGUMENT status
-                raise rejected_input(str(exc)) from exc
+            if type(exc).__name__ == "InvalidArgument" or _UNPARSED_STRING.search(str(exc)):
+                raise rejected_input(str(exc)) from exc  # the input values' fault
             raise  # a real engine failure: the batcher answers 500, the log keeps the cause
         finally:
             self._free.put(session)
@@ -146,6 +146,10 @@ def quiet_run_options(entries: Mapping[str, str] | None = None) -> Any:
 _OP = re.compile(r"running (\w+) node")
 _STATUS = re.compile(r"Status Message: (.*)", re.DOTALL)
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+# a Cast from a string tensor whose text is not a number: C++'s std::sto* threw (a
+# RUNTIME_EXCEPTION, where every other input fault is INVALID_ARGUMENT)
+_UNPARSED_STRING = re.compile(
+    r"running Cast node\..*Status Message: sto(?:i|l|ll|ul|ull|f|d|ld)$", re.DOTALL)
 
 
 def rejected_input(engine_message: str) -> EngineRejectedInput:
@@ -157,6 +161,8 @@ def rejected_input(engine_message: str) -> EngineRejectedInput:
     detail = detail.split("\n", 1)[0].replace(" Please fix either the inputs/outputs or the "
                                                "model.", "")[:300]
     where = f" ({op.group(1)})" if op else ""
+    if _UNPARSED_STRING.search(engine_message):
+        detail = "a string element is not a number it can read (or is out of its type's range)"
     message = f"the model cannot compute on these input values{where}: {detail}"
     if op and op.group(1) == "Gather" and "out of data bounds" in detail:
         message += "; token ids and other indices must lie within the model's table " \

@@ -109,3 +109,26 @@ def test_the_memory_arena_may_be_turned_off(tmp_path: Path) -> None:
                   "max_batch_size: 8\nonnxruntime: {memory_arena: false}\n")
     session = model._free.get()
     assert session.get_session_options().enable_cpu_mem_arena is False
+
+
+def test_a_string_that_is_not_a_number_is_the_inputs_fault(tmp_path: Path) -> None:
+    """A Cast from a string tensor fails with C++'s std::stoll message as a RUNTIME_EXCEPTION
+    (every other input fault is INVALID_ARGUMENT): it was a 500 'the model failed'."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["TEXT"], ["NUMBER"], to=TensorProto.INT64)], "parse",
+        [helper.make_tensor_value_info("TEXT", TensorProto.STRING, [-1, 1])],
+        [helper.make_tensor_value_info("NUMBER", TensorProto.INT64, [-1, 1])])
+    path = tmp_path / "parse" / "1" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = _load(path, "max_batch_size: 8\n")
+    assert model.infer({"TEXT": np.array([[b"42"]], dtype=object)})["NUMBER"].tolist() == [[42]]
+    for text in (b"forty-two", b"9" * 30):
+        with pytest.raises(EngineRejectedInput, match=r"\(Cast\): a string element is not a "
+                                                      r"number it can read") as caught:
+            model.infer({"TEXT": np.array([[text]], dtype=object)})
+        assert "stoll" not in caught.value.message
