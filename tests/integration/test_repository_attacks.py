@@ -9,8 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import orjson
 import pytest
+import tritonclient.grpc.service_pb2 as service
+import tritonclient.grpc.service_pb2_grpc as service_grpc
 
 from serval.model_config import MAX_CONFIG_BYTES
 from tests import fixture_models
@@ -115,3 +118,23 @@ def test_a_config_past_the_limit_is_refused_and_the_server_stays_live(
     assert refused.error == (f"failed to load 'add_sub': parameter 'config' holds {size} "
                              f"bytes of JSON; a model config may hold at most {MAX_CONFIG_BYTES}")
     assert call(server.url, "GET", "/v2/health/live").status == 200
+
+
+def test_a_grpc_config_that_is_not_text_is_named_as_such(server_factory: Factory,
+                                                         tmp_path: Path) -> None:
+    """A `config` sent as an int64_param or bool_param was read as an empty string: 'not valid
+    JSON: zero-length document', which is not what the client got wrong."""
+    fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_grpc.GRPCInferenceServiceStub(channel)
+        for kind, value in (("int64_param", 5), ("bool_param", True)):
+            request = service.RepositoryModelLoadRequest(model_name="add_sub")
+            setattr(request.parameters["config"], kind, value)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.RepositoryModelLoad(request, timeout=30)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.details() == (
+                "failed to load 'add_sub': parameter 'config' must be a string_param (the "
+                f"config as JSON text), got {kind}")
+        assert call(server.url, "GET", "/v2/models/add_sub/ready").status == 400  # not loaded

@@ -15,6 +15,7 @@ from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
+from serval.repository.names import cut
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.grpc.shm_servicer import SharedMemoryRpcs
 from serval.server.grpc.stream_infer import (
@@ -135,15 +136,20 @@ class InferenceServicer(SharedMemoryRpcs):
 
     async def _load(self, request: Any) -> None:
         """Load with `config` (string_param) and 'file:<path>' overrides (bytes_param)."""
-        override, files = None, {}
+        override, files, name = None, {}, cut(request.model_name)
         for key, parameter in request.parameters.items():
+            choice = parameter.WhichOneof("parameter_choice")
             if key == "config":
+                if choice not in ("string_param", "bytes_param"):  # not read as "" (no JSON)
+                    raise InvalidInput(f"failed to load '{name}': parameter 'config' must be a "
+                                       "string_param (the config as JSON text), got "
+                                       f"{choice or 'no value'}")
                 override = parameter.string_param or parameter.bytes_param.decode(
                     errors="replace")
             elif key.startswith("file:"):
-                if parameter.WhichOneof("parameter_choice") != "bytes_param":
-                    raise InvalidInput(f"failed to load '{request.model_name}': parameter "
-                                       f"{key[:80]!r} must be a bytes_param (the file's bytes)")
+                if choice != "bytes_param":
+                    raise InvalidInput(f"failed to load '{name}': parameter {key[:80]!r} must "
+                                       "be a bytes_param (the file's bytes)")
                 files[key] = parameter.bytes_param
         await self.dataplane.load_model(request.model_name, override, files)
 
