@@ -182,7 +182,8 @@ class DataPlane:
         try:
             await self.registry.load(name, override)
         except (ModelNotReady, LoadFailed):  # asked all the same: it should serve (as Triton)
-            self.mark_asked(name)
+            if self.registry.versions_of(name):  # not a new name whose files failed: kept none
+                self.mark_asked(name)
             raise
         self.mark_asked(name)
 

@@ -4,6 +4,8 @@ control), relaxed with strict_readiness=False; model readiness false for what is
 from __future__ import annotations
 
 import asyncio
+import logging
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -93,3 +95,32 @@ def test_model_readiness_is_false_for_unknown_models_and_versions(repository: Pa
         assert not dataplane.model_ready("nope") and not dataplane.model_ready("corrupt")
 
     _run(repository, "all", check)
+
+
+def test_failed_loads_of_new_names_from_files_leave_no_memory_behind(
+        repository: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load of a name the repository lacks, from files that fail to load, is the client's
+    400 and keeps nothing: the name was kept as one that should serve, ~0.6 KB a request for
+    as long as the server ran (though no such model exists to serve)."""
+    garbage = {"file:1/model.onnx": b"not an onnx model"}
+    # each failure's log record would be kept by pytest's log capture, not by the server
+    monkeypatch.setattr(logging.getLogger("serval.repository.registry"), "disabled", True)
+
+    async def refuse(dataplane: DataPlane, count: int, start: int) -> None:
+        for number in range(start, start + count):
+            with pytest.raises(LoadFailed):
+                await dataplane.load_model(f"{number:0>200}", "{}", garbage)
+
+    async def check(dataplane: DataPlane) -> None:
+        await refuse(dataplane, 100, 0)  # caches and interned strings settle first
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await refuse(dataplane, 1000, 100)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert grown < 150_000, f"1000 refused loads kept {grown} bytes"
+        assert dataplane.ready()
+
+    _run(repository, "explicit", check)
