@@ -46,9 +46,9 @@ from serval.repository.steps import (
     StepNotReady,
     check_no_loop,
     check_step_tensors,
-    ready_steps,
     step_models,
     steps_of,
+    steps_while_loading,
 )
 from serval.repository.table import DEFAULT_CONTROL, ModelControl, ModelTable
 from serval.stats import Histogram
@@ -328,16 +328,12 @@ class ModelRegistry(ModelTable):
         Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
         load, not at its first request. StepNotReady naming the step in the log only. The
         steps are those of the config loading (`override`'s), loops checked with them."""
-        def steps_now(name: str) -> list[PipelineStep]:  # and those its ready versions run
-            if name == served.name:
-                return steps_of(self.root, name, override)
-            return self._steps_of(name) + ready_steps(self._models.get(name, {}).values())
-
-        steps = steps_now(served.name)
+        steps = steps_of(self.root, served.name, override)
         if not steps:
             return
         served.state, served.reason = ModelState.LOADING, "loading its steps"
-        check_no_loop(served.name, steps_now)
+        check_no_loop(served.name, steps_while_loading(
+            served.name, steps, self._steps_of, lambda name: self._models.get(name, {}).values()))
         for index, step in enumerate(steps, start=1):
             try:
                 await self._ensure_loaded(self.get(step.model, step.version))

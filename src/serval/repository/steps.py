@@ -61,11 +61,18 @@ def steps_of(root: Path, name: str, override: LoadOverride | None) -> list[Pipel
         return []
 
 
-def ready_steps(versions: Iterable[ServedModel]) -> list[PipelineStep]:
-    """The steps a model's ready versions run: their loaded config's, which a config edited
-    since (not yet reloaded) no longer shows."""
-    return [step for served in versions if served.state is ModelState.READY and served.spec
-            for step in served.spec.config.steps]
+def steps_while_loading(name: str, own: list[PipelineStep], steps_of: StepsOf,
+                        versions_of: Callable[[str], Iterable[ServedModel]]) -> StepsOf:
+    """The steps each model may run while `name` loads with `own`: any other model's config's
+    and those its ready versions run (their loaded config's, which a config edited since, not
+    yet reloaded, no longer shows)."""
+    def steps(model: str) -> list[PipelineStep]:
+        if model == name:
+            return own
+        return steps_of(model) + [step for served in versions_of(model)
+                                  if served.state is ModelState.READY and served.spec
+                                  for step in served.spec.config.steps]
+    return steps
 
 
 def check_no_loop(name: str, steps: StepsOf) -> None:
