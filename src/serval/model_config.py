@@ -3,6 +3,7 @@ ModelConfig, with its batching, queue, engine, tensor, warm-up and sequence sett
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -22,6 +23,12 @@ UINT32_MAX = 2**32 - 1
 INT64_MAX = 2**63 - 1
 MAX_MS = 1e12  # about 31 years: any timeout or idle time in ms, as uint64 microseconds
 MAX_THREADS = 1024  # an engine's thread pool: the same bound on every machine (see docs)
+# A load's warm-up holds a load slot and the model's lock until it ends: at most this many
+# runs of a sample (Triton allows 2**32) and this many elements in one of its inputs (the
+# server's default --max-tensor-elements), so no config makes a load that never ends or fills
+# the memory (a count of 4,294,967,295 held a slot for hours; batch_size 2**31 allocated it)
+MAX_WARMUP_COUNT = 1000
+MAX_WARMUP_ELEMENTS = 64 * 1024 * 1024
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
 
@@ -192,8 +199,17 @@ class WarmupSample(Strict):
 
     name: str = Field(min_length=1)
     batch_size: int = Field(1, ge=1, le=INT32_MAX)
-    count: int = Field(1, ge=1, le=UINT32_MAX)
+    count: int = Field(1, ge=1, le=MAX_WARMUP_COUNT)
     inputs: dict[str, WarmupInput]
+
+    @model_validator(mode="after")
+    def _bounded(self) -> WarmupSample:
+        for name, spec in self.inputs.items():
+            elements = self.batch_size * math.prod(spec.dims)
+            if elements > MAX_WARMUP_ELEMENTS:
+                raise ValueError(f"warm-up '{self.name}' input '{name}' has {elements} elements "
+                                 f"(batch_size x dims); at most {MAX_WARMUP_ELEMENTS}")
+        return self
 
 
 class SequenceControl(Strict):
@@ -279,6 +295,18 @@ class ModelConfig(Strict):
         "(--cache-config); not for sequence models")
     triton: dict[str, Any] | None = Field(
         None, description="config.pbtxt as Triton's JSON form (set by the repository)")
+
+    @model_validator(mode="after")
+    def _warmup_fits_a_batch(self) -> ModelConfig:
+        if self.max_batch_size is None:  # known at load (64 or none): the elements bound it
+            return self
+        largest = max(1, self.max_batch_size)
+        for sample in self.warmup:
+            if sample.batch_size > largest:
+                raise ValueError(f"warm-up '{sample.name}' has batch_size {sample.batch_size}; "
+                                 f"the model takes batches of at most {largest} "
+                                 "(max_batch_size)")
+        return self
 
     @model_validator(mode="after")
     def _cacheable(self) -> ModelConfig:

@@ -138,3 +138,22 @@ def test_a_grpc_config_that_is_not_text_is_named_as_such(server_factory: Factory
                 "failed to load 'add_sub': parameter 'config' must be a string_param (the "
                 f"config as JSON text), got {kind}")
         assert call(server.url, "GET", "/v2/models/add_sub/ready").status == 400  # not loaded
+
+
+def test_a_warmup_that_would_never_end_is_refused_at_the_load(server_factory: Factory,
+                                                              tmp_path: Path) -> None:
+    """Triton's model_warmup count is a uint32: a load with 4,294,967,295 warm-up runs held a
+    load slot and the model's lock for hours (two such loads stopped every other load)."""
+    fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    assert _load(server, "add_sub").status == 200
+    warmup = {"name": "forever", "batch_size": 1, "count": 4294967295,
+              "inputs": {n: {"data_type": "TYPE_FP32", "dims": [16], "zero_data": True}
+                         for n in ("INPUT0", "INPUT1")}}
+    config = {"max_batch_size": 8, "model_warmup": [warmup]}
+    refused = _load(server, "add_sub", config)
+    assert refused.status == 400 and "1000" in refused.error, refused.body[:300]
+    assert infer(server.url, "add_sub", X).status == 200  # what served serves on
+    warmup["count"] = 3
+    ran = _load(server, "add_sub", config)
+    assert ran.status == 200, ran.body[:300]

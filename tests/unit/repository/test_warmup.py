@@ -113,3 +113,31 @@ def test_a_data_file_past_the_bound_is_refused_unread(tmp_path: Path,
     (tmp_path / "warmup" / "x.bin").write_bytes(b"\x00" * 24)  # the right size, too large
     with pytest.raises(ConfigError, match=r"input_data_file 'x\.bin' has 24 bytes; at most 16"):
         warmup_requests([_from_files([2, 3])], True, tmp_path)
+
+
+@pytest.mark.parametrize(("sample", "refused"), [
+    ({"count": 4294967295}, "less than or equal to 1000"),  # Triton's uint32: a load for ever
+    ({"batch_size": 2**31 - 1, "inputs": {"x": {"datatype": "FP32", "dims": [16]}}},
+     r"has 34359738352 elements \(batch_size x dims\); at most 67108864"),
+    ({"inputs": {"x": {"datatype": "FP32", "dims": [2**20, 2**20]}}}, "at most 67108864"),
+])
+def test_a_warmup_that_would_never_end_or_fill_the_memory_is_refused(
+        sample: dict[str, object], refused: str) -> None:
+    from pydantic import ValidationError
+
+    document = {"name": "w", "inputs": {"x": {"datatype": "FP32", "dims": [4]}}, **sample}
+    with pytest.raises(ValidationError, match=refused):
+        WarmupSample.model_validate(document)
+
+
+def test_a_warmup_batch_past_the_models_max_batch_size_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from serval.model_config import ModelConfig
+
+    warmup = [{"name": "w", "batch_size": 9, "inputs": {"x": {"datatype": "FP32", "dims": [4]}}}]
+    with pytest.raises(ValidationError, match=r"batch_size 9; the model takes batches of at "
+                                              r"most 8 \(max_batch_size\)"):
+        ModelConfig.model_validate({"max_batch_size": 8, "warmup": warmup})
+    assert ModelConfig.model_validate({"max_batch_size": 9, "warmup": warmup}).warmup
+    assert ModelConfig.model_validate({"warmup": warmup}).warmup  # decided at load
