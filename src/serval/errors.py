@@ -19,12 +19,22 @@ class ErrorCode(enum.Enum):
     PERMISSION_DENIED = "permission_denied"
 
 
+# A message longer than this keeps its start and its end: one quoting a client's value whole
+# (a 10 KB config field) made a reply, and a gRPC grpc-message trailer, of any size (grpcio
+# clients refuse trailers past 8 KiB, and then see another error than the one sent).
+MAX_MESSAGE_CHARS = 2000
+
+
 class ServalError(Exception):
     """Base of every error Serval reports to a client."""
 
     code: ErrorCode = ErrorCode.BACKEND_ERROR
 
     def __init__(self, message: str) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            head = MAX_MESSAGE_CHARS * 2 // 3
+            tail = MAX_MESSAGE_CHARS - head - 5
+            message = f"{message[:head]} ... {message[-tail:]}"
         super().__init__(message)
         self.message = message
 

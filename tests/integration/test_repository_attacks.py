@@ -157,3 +157,23 @@ def test_a_warmup_that_would_never_end_is_refused_at_the_load(server_factory: Fa
     warmup["count"] = 3
     ran = _load(server, "add_sub", config)
     assert ran.status == 200, ran.body[:300]
+
+
+def test_a_huge_config_value_is_not_echoed_whole(server_factory: Factory,
+                                                 tmp_path: Path) -> None:
+    """An unknown platform of 10 KB came back whole in the 400 (and in gRPC's grpc-message
+    trailer, which grpcio refuses past 8 KiB: the client then saw another error)."""
+    fixture_models.add_sub(tmp_path)
+    server = server_factory(tmp_path, "--model-control", "explicit")
+    refused = _load(server, "add_sub", {"platform": "p" * 10_000, "max_batch_size": 8})
+    assert refused.status == 400 and "platform" in refused.error, refused.body[:300]
+    assert len(refused.error) <= 2000 and "not supported" in refused.error
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    request = service.RepositoryModelLoadRequest(model_name="add_sub")
+    request.parameters["config"].string_param = orjson.dumps(
+        {"platform": "p" * 10_000}).decode()
+    with pytest.raises(grpc.RpcError) as caught:
+        service_grpc.GRPCInferenceServiceStub(channel).RepositoryModelLoad(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not supported" in (caught.value.details() or "")
+    channel.close()

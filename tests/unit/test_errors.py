@@ -44,3 +44,17 @@ def test_a_huge_value_costs_what_the_limit_allows() -> None:
 
 def test_an_int_too_long_for_repr_is_named_by_its_type() -> None:
     assert shown(10**5000) == "<int>"
+
+
+def test_a_message_quoting_a_huge_value_keeps_its_start_and_end_only() -> None:
+    """A config field of 10 KB was echoed whole in the reply (and in gRPC's grpc-message
+    trailer, which grpcio clients refuse past 8 KiB)."""
+    from serval.errors import MAX_MESSAGE_CHARS, InvalidInput, LoadFailed
+
+    error = LoadFailed(f"field 'platform' '{'x' * 10_000}' is not supported (it serves onnx)")
+    assert len(error.message) <= MAX_MESSAGE_CHARS and str(error) == error.message
+    assert error.message.startswith("field 'platform' 'xxx")
+    assert error.message.endswith("is not supported (it serves onnx)")
+    assert " ... " in error.message
+    short = "shape [1, 7] given, model expects [-1, 8]"
+    assert InvalidInput(short).message == short  # what fits is never touched
