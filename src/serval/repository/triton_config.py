@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PBTXT_FILE = "config.pbtxt"
 _WARNED_BOTH: set[Path] = set()  # model folders whose config.yaml was reported ignored
+_MAX_WARNED = 1024  # each load from files has a folder of its own: forget, never grow for ever
 # Triton's platform and backend names -> (Serval's backend, Triton's platform, Triton's backend)
 _PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch",
               "ensemble": "pipeline"}
@@ -116,6 +117,8 @@ def load_pbtxt(model_dir: Path, override: dict[str, object] | None = None) -> Mo
     with a warning once per folder)."""
     path = model_dir / PBTXT_FILE
     if (model_dir / "config.yaml").exists() and model_dir not in _WARNED_BOTH:
+        if len(_WARNED_BOTH) >= _MAX_WARNED:
+            _WARNED_BOTH.clear()  # at worst a folder is reported twice
         _WARNED_BOTH.add(model_dir)
         log.warning("both config files present: %s is used, %s is ignored",
                     path, model_dir / "config.yaml", extra={"model": model_dir.name})

@@ -222,6 +222,20 @@ def test_config_pbtxt_wins_over_config_yaml_and_says_so(tmp_path: Path,
     assert directory.config({"max_batch_size": 2}).max_batch_size == 2  # an override on top
 
 
+def test_the_folders_warned_about_are_bounded(tmp_path: Path) -> None:
+    """Each load from files has a folder of its own: one remembered per such load, for
+    ever, grew the server's memory with every load that sent both config files."""
+    from serval.repository import triton_config
+
+    for index in range(triton_config._MAX_WARNED + 10):
+        folder = tmp_path / f"m{index}"
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.yaml").write_text("max_batch_size: 4\n")
+        (folder / "config.pbtxt").write_text("max_batch_size: 8\n")
+        assert triton_config.load_pbtxt(folder).max_batch_size == 8
+        assert len(triton_config._WARNED_BOTH) <= triton_config._MAX_WARNED
+
+
 def test_the_json_form_reads_back_into_the_same_config() -> None:
     config = complete(text_format.Parse(FULL, mc.ModelConfig()), "m", "onnxruntime")
     assert parse_json(triton_json(config), "override") == config
