@@ -82,8 +82,13 @@ def test_bad_arguments_are_one_line_before_any_load(args: list[str], message: st
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-_DUMPABLE = ("import faulthandler, runpy, signal, sys\n"
+_DUMPABLE = ("import asyncio, faulthandler, runpy, signal, sys\n"
              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+             "def tasks(*_):\n"  # what the event loop waits on, if one runs
+             "    loop = asyncio._get_running_loop()\n"
+             "    for task in asyncio.all_tasks(loop) if loop else ():\n"
+             "        task.print_stack(file=sys.stderr)\n"
+             "signal.signal(signal.SIGUSR2, tasks)\n"
              "sys.argv[0] = 'serval'\n"
              "runpy.run_module('serval', run_name='__main__')\n")
 
@@ -109,8 +114,8 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
         return sum(f"pid={pid}," in line for line in lines)
 
     before = answered()
-    # the command line as `serval`, with every thread's stack on SIGUSR1: where it hangs, if
-    run = subprocess.Popen([sys.executable, "-c", _DUMPABLE, "loadtest",  # it does
+    # the command line as `serval`; its event loop's tasks on SIGUSR2, its threads on SIGUSR1
+    run = subprocess.Popen([sys.executable, "-c", _DUMPABLE, "loadtest",
                             f"http://{server.url}", "-m", "linear", "--duration", "60s",
                             "--warmup", "0s", "-c", "4", "--no-ceiling"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -122,11 +127,13 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
             _, stderr = run.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             exited = run.poll()
+            run.send_signal(signal.SIGUSR2)  # its tasks' stacks, then its threads'
+            time.sleep(1)
             run.send_signal(signal.SIGUSR1)
             time.sleep(2)
             run.kill()
-            pytest.fail(f"not exited 30 s after SIGINT (exit status {exited}); its threads:\n"
-                        + run.communicate()[1][-6000:])
+            pytest.fail(f"not exited 30 s after SIGINT (exit status {exited}); its tasks and "
+                        "threads:\n" + run.communicate()[1][-8000:])
     finally:
         run.kill()
     assert run.returncode == 130, stderr
