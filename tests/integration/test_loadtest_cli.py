@@ -93,9 +93,9 @@ _DUMPABLE = ("import asyncio, faulthandler, runpy, signal, sys\n"
              "runpy.run_module('serval', run_name='__main__')\n")
 
 
-@pytest.mark.xfail(strict=False, reason="open: in 4 full runs of 2026-11-27 the loadtest had "
+@pytest.mark.xfail(strict=False, reason="open: in 4 full runs of one session the loadtest had "
                    "not exited 30 s after SIGINT (never alone); it exited in the 3 full runs of "
-                   "2026-11-28; a run that hangs now prints its tasks and threads")
+                   "the next; a run that hangs now prints its tasks and threads")
 def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> None:
     import signal
     import urllib.request
