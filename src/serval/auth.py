@@ -62,6 +62,11 @@ ANONYMOUS = Token("", b"", ())  # a server without auth: every client is this on
 _CALLER = contextvars.ContextVar("serval_caller", default=ANONYMOUS)
 
 
+def act_as(token: Token) -> None:
+    """Name `token` as the caller of what this task runs next (checked already)."""
+    _CALLER.set(token)
+
+
 def current_token() -> Token:
     """The token the running request was authorized with in this task (ANONYMOUS without
     auth): what keeps shared-memory regions to the client that registered them. Every request
@@ -93,7 +98,7 @@ class TokenStore:
         if not found.allows(action, model):
             target = f" on model '{model}'" if model else ""
             raise PermissionDenied(f"token '{found.name}' may not {action.value}{target}")
-        _CALLER.set(found)
+        act_as(found)
         return found
 
 

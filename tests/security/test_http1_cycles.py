@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from serval.auth import ANONYMOUS, Token
 from serval.config import TransportLimits
 from serval.server.http.app import RawHeaders
 from serval.server.http.errors import Reply
@@ -26,12 +27,12 @@ class _App:
     """The two calls HttpProtocol makes of HttpApp."""
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "", authorized: bool = False) -> Reply:
+                     query: str = "", authorized: Token | None = None) -> Reply:
         await asyncio.sleep(0)
         return 200, b"{}", [(b"content-type", b"application/json")]
 
-    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | None:
-        return (401, b"{}", []) if path == "/secret" else None
+    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | Token:
+        return (401, b"{}", []) if path == "/secret" else ANONYMOUS
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from serval.auth import ANONYMOUS, Token
 from serval.config import TransportLimits
 from serval.server.http.app import RawHeaders
 from serval.server.http.errors import Reply
@@ -82,12 +83,12 @@ class _HeldApp:
         self.release = asyncio.Event()
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "", authorized: bool = False) -> Reply:
+                     query: str = "", authorized: Token | None = None) -> Reply:
         await self.release.wait()
         return 200, path.encode(), []
 
-    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | None:
-        return None
+    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | Token:
+        return ANONYMOUS
 
 
 def test_parsing_stops_at_the_read_ahead_limit_and_resumes_in_order() -> None:

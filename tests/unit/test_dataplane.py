@@ -120,7 +120,8 @@ def test_failed_loads_of_new_names_from_files_leave_no_memory_behind(
             grown = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
-        assert grown < 150_000, f"1000 refused loads kept {grown} bytes"
+        # ~600 KB when each kept its name; allocator and tracemalloc noise is up to ~160 KB
+        assert grown < 300_000, f"1000 refused loads kept {grown} bytes"
         assert dataplane.ready()
 
     _run(repository, "explicit", check)

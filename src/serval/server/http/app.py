@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 
-from serval.auth import Action, TokenStore, bearer
+from serval.auth import ANONYMOUS, Action, Token, TokenStore, act_as, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError, shown
@@ -58,36 +58,39 @@ class HttpApp:
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str = "", authorized: bool = False) -> Reply | StreamedReply:
+                     query: str = "", authorized: Token | None = None
+                     ) -> Reply | StreamedReply:
         """One complete request in, (status, body, headers) out; never raises. `authorized`:
-        `precheck` already passed these headers; the token is checked again all the same (a
-        hash), in the task that serves the request, so that it names the client whose
-        shared-memory regions the request reaches (auth.current_token)."""
+        the caller `precheck` found for these headers, named as this task's caller (whose
+        shared-memory regions the request reaches: auth.current_token) without hashing the
+        token again; None: checked here."""
+        parts = path.strip("/").split("/")
         try:
-            return await self._route(method, path, headers, body, query)
+            if self.auth is not None:
+                act_as(authorized if authorized is not None else
+                       self._authorize(headers, parts, method))
+            return await self._route(method, path, parts, headers, body, query)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
         except Exception as exc:
             return unexpected_error_response(exc, f"{method} {path}")
 
-    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | None:
-        """Before a body is read: the authorization `handle` would check (401/403), or None.
+    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | Token:
+        """Before a body is read: the authorization `handle` would check (401/403), or the
+        caller it found (ANONYMOUS without auth, or where the route needs no token).
 
         The transport asks this when a request's headers are complete, so a client without
         the right token is refused before it can make the server hold its body."""
         if self.auth is None:
-            return None
+            return ANONYMOUS
         try:  # in a context of its own: the token it finds names no later request's caller
-            contextvars.copy_context().run(self._authorize, headers,
-                                           path.strip("/").split("/"), method)
+            return contextvars.copy_context().run(self._authorize, headers,
+                                                  path.strip("/").split("/"), method)
         except ServalError as exc:
             return serval_error_response(exc, f"{method} {path}")
-        return None
 
-    async def _route(self, method: str, path: str, headers: RawHeaders, body: bytes,
-                     query: str) -> Reply | StreamedReply:
-        parts = path.strip("/").split("/")
-        self._authorize(headers, parts, method)
+    async def _route(self, method: str, path: str, parts: list[str], headers: RawHeaders,
+                     body: bytes, query: str) -> Reply | StreamedReply:
         if parts[0] == "v2":
             settings = _settings_path(parts) if parts[-1] in ("logging", "setting") else None
             if settings is not None:
@@ -107,11 +110,13 @@ class HttpApp:
             return self.status.json(method, parts[1:], query)
         return _not_found(method, path)
 
-    def _authorize(self, headers: RawHeaders, parts: list[str], method: str) -> None:
+    def _authorize(self, headers: RawHeaders, parts: list[str], method: str) -> Token:
+        """The caller (401/403 when its token may not): ANONYMOUS where none is needed."""
         if self.auth is not None:
             needed = _access(method, parts)
             if needed is not None:
-                self.auth.check(bearer(_authorization(headers)), *needed)
+                return self.auth.check(bearer(_authorization(headers)), *needed)
+        return ANONYMOUS
 
     def _server_route(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":

@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from serval.auth import Token
 from serval.server.http.app import HttpApp, RawHeaders
 from serval.server.http.wire import Refusal, refusal
 from serval.server.limits import TransportGuards
@@ -34,7 +35,7 @@ class Request:
     keep_alive: bool
     query: str = ""
     reserved: int = 0  # bytes of the receive budget held until the answer is written
-    authorized: bool = False  # the app's precheck passed before the body was read
+    authorized: Token | None = None  # the caller the app's precheck found (None: not asked)
 
 
 class _Refused(Exception):
@@ -69,7 +70,7 @@ class RequestReader(asyncio.Protocol):
         self.body_bytes = self.header_bytes = self.reserved = 0
         self.content_length = -1  # -1: none given
         self.chunked = self.expect_continue = self.continue_owed = False
-        self.authorized = False
+        self.authorized: Token | None = None
         self.method, self.path, self.query = "", "", ""
 
     # what the connection provides ------------------------------------------------------------
@@ -236,11 +237,11 @@ class RequestReader(asyncio.Protocol):
 
     def _admit_body(self) -> None:
         """At the end of the headers: authorization, size and budget, then `100 Continue`."""
-        denied = self.app.precheck(self.method, self.path, self.headers)
-        if denied is not None:
-            self._refuse(Refusal(denied))
+        checked = self.app.precheck(self.method, self.path, self.headers)
+        if not isinstance(checked, Token):
+            self._refuse(Refusal(checked))
             raise _Refused
-        self.authorized = True  # the app need not check the token again
+        self.authorized = checked  # the app need not check the token again
         self._check_body_size(self.content_length)
         if self.content_length > 0 and not self.guards.budget.fits(self.content_length):
             self._refuse(self._over_budget(self.content_length))
