@@ -369,8 +369,10 @@ class DataPlane:
         if spec is None or not spec.config.response_cache:
             return None
         scope = (served.name, served.version, served.load_number)
-        return await look_up(self.registry.cache, scope, spec.config.backend == "pipeline",
-                             request, served.stats, [o.name for o in metadata.outputs])
+        cache = self.registry.cache
+        composite = cache.is_composite(scope, spec.config.backend == "pipeline")
+        return await look_up(cache, scope, composite, request, served.stats,
+                             [o.name for o in metadata.outputs])
 
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry

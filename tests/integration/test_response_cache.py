@@ -17,10 +17,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests import fixture_models
+from tests import fixture_models, triton_python_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call
 from tests.integration.test_triton_config import ENSEMBLE, SIMPLE
+from tests.triton_bls_models import BLS_SYNC
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +30,9 @@ _SEEDS = itertools.count(1)
 
 
 def _repository(root: Path) -> Path:
-    """`simple` (cached), `plain` (the same model, not cached), and the ensemble
-    `sum_doubled` over `simple` and `double` (cached at the top)."""
+    """`simple` (cached), `plain` (the same model, not cached), the ensemble `sum_doubled`
+    over `simple` and `double` (cached at the top), and the Python model `bls_cached`
+    (cached) that runs the model its MODEL_NAME input names, here the Python `callee`."""
     fixture_models.add_sub(root, "simple")
     fixture_models.triton_config(root, "simple", SIMPLE + CACHED)
     fixture_models.add_sub(root, "plain")
@@ -39,7 +41,27 @@ def _repository(root: Path) -> Path:
     fixture_models.triton_config(root, "double", "max_batch_size: 8\n")
     (root / "sum_doubled" / "1").mkdir(parents=True)
     fixture_models.triton_config(root, "sum_doubled", ENSEMBLE + CACHED)
+    triton_python_models.write_pbtxt(root, "callee", triton_python_models.ADD_SUB,
+                                     triton_python_models.ADD_SUB_PBTXT)
+    cached = CACHED.replace("{", "{{").replace("}", "}}")  # write_pbtxt formats the text
+    triton_python_models.write_pbtxt(root, "bls_cached", BLS_SYNC, BLS_CACHED_PBTXT + cached)
     return root
+
+
+BLS_CACHED_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [
+  {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }}
+]
+output [
+  {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
+  {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }}
+]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +73,8 @@ def cached_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cache_server(server_factory: Callable[..., RunningServer],
                  cached_repository: Path) -> RunningServer:
     return server_factory(cached_repository, "--cache-config", "local,size=1048576",
-                          "--model-control", "explicit", "--load-model", "*")
+                          "--model-control", "explicit", "--load-model", "*",
+                          "--allow-python-models")
 
 
 def _triple_as_version_2(root: Path) -> None:
@@ -157,6 +180,40 @@ def test_an_ensemble_is_cached_until_a_step_model_changes(cache_server: RunningS
     result = _infer(client, "sum_doubled", a, b, names=("A", "B"))
     np.testing.assert_array_equal(result.as_numpy("DOUBLED"), (a + b) * 3)
     assert _counts(cache_server, "sum_doubled")[:2] == (hits + 1, misses + 2)
+
+
+def test_a_model_calling_others_is_cached_until_one_it_calls_changes(
+        cache_server: RunningServer, cached_repository: Path) -> None:
+    """A BLS model is a composite the server learns of at its first call: its entries go
+    when a model it runs is replaced (the old code answered the old callee's result)."""
+    client = httpclient.InferenceServerClient(cache_server.url)
+    a, b = _fresh_pair()
+
+    def ask() -> np.ndarray:
+        inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"),
+                  httpclient.InferInput("INPUT1", [1, 16], "FP32"),
+                  httpclient.InferInput("MODEL_NAME", [1, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        inputs[2].set_data_from_numpy(np.array([[b"callee"]], np.object_))
+        return client.infer("bls_cached", inputs).as_numpy("OUTPUT0")
+
+    def answered_from_cache(expected: np.ndarray) -> bool:
+        hits, misses, _ = _counts(cache_server, "bls_cached")
+        np.testing.assert_array_equal(ask(), expected)
+        after = _counts(cache_server, "bls_cached")[:2]
+        assert after in ((hits + 1, misses), (hits, misses + 1))
+        return after[0] == hits + 1
+
+    for _ in range(2):  # at its first call, the server learns it calls others
+        np.testing.assert_array_equal(ask(), a + b)
+    assert answered_from_cache(a + b)
+    (cached_repository / "callee" / "2").mkdir()
+    (cached_repository / "callee" / "2" / "model.py").write_text(
+        triton_python_models.ADD_SUB.replace("(in0 + in1)", "(in0 + in1 + 1)"))
+    client.load_model("callee")  # version 2 serves, version 1 retires
+    np.testing.assert_array_equal(ask(), a + b + 1)  # the old code: a + b, from the cache
+    assert answered_from_cache(a + b + 1)
 
 
 def test_a_reloaded_model_does_not_answer_from_its_old_load(cache_server: RunningServer) -> None:

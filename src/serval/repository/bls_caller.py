@@ -11,7 +11,7 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TypeVar
 
 from serval.errors import (
@@ -34,8 +34,11 @@ Item = tuple[TensorDict | ServalError, bool]
 class LoopCaller:
     """backends.base.ModelCaller for one model version's engine threads."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, steps: StepRouter, own: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, steps: StepRouter, own: str,
+                 on_call: Callable[[], bool] = lambda: True) -> None:
         self._loop, self._steps, self._own = loop, steps, own
+        self._on_call = on_call  # run on the loop before a call, until it answers True
+        self._told = False
 
     def __call__(self, model: str, version: str | None, request: InferRequest,
                  timeout_s: float | None, abandon: threading.Event) -> TensorDict:
@@ -86,10 +89,16 @@ class LoopCaller:
             self._loop.call_soon_threadsafe(pump.cancel)  # the model's request is cancelled
 
     def _check(self, model: str, timeout_s: float | None) -> int | None:
-        """The call's deadline; InvalidInput for a call to the calling model."""
+        """The call's deadline; InvalidInput for a call to the calling model. The loop is
+        told of the call before it runs (callbacks run in order)."""
         if model == self._own:
             raise InvalidInput(f"model '{self._own}' cannot run inference on itself")
+        if not self._told:
+            self._loop.call_soon_threadsafe(self._tell)
         return None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
+
+    def _tell(self) -> None:
+        self._told = self._told or self._on_call()
 
     def _unloading(self) -> ServerUnavailable:
         return ServerUnavailable(f"model '{self._own}' is being unloaded")

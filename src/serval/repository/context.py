@@ -15,6 +15,7 @@ from serval.model_config import MODEL_CONFIG_FILE
 from serval.protocol.types import InferRequest, InferResponse
 from serval.repository.bls_caller import LoopCaller
 from serval.repository.declared import as_declared
+from serval.repository.response_cache import ResponseCache
 from serval.repository.routes import StepRouter
 from serval.repository.sequences import serve_sequences
 from serval.repository.served import ServedModel
@@ -25,12 +26,14 @@ from serval.repository.warmup import run_warmup
 class VersionContext:
     """One version's ServeContext: its statistics, the shared engine pool, the step router."""
 
-    __slots__ = ("_config_source", "_executor", "_served", "_steps")
+    __slots__ = ("_cache", "_config_source", "_executor", "_served", "_steps")
 
     def __init__(self, served: ServedModel, executor: ThreadPoolExecutor,
-                 steps: StepRouter, config_source: Callable[[str], str] = str) -> None:
+                 steps: StepRouter, config_source: Callable[[str], str] = str,
+                 cache: ResponseCache | None = None) -> None:
         self._served, self._executor, self._steps = served, executor, steps
         self._config_source = config_source  # where a config file's settings came from
+        self._cache = cache  # told when the version calls other models
 
     async def batch_engine(self, engine: Engine, spec: ModelVersionSpec) -> Served:
         """The engine's model, loaded off the loop, warmed up only when its config asks
@@ -81,4 +84,14 @@ class VersionContext:
     def model_caller(self) -> ModelCaller:
         """A thread's way onto this event loop's data plane (Triton's BLS), for this version's
         engine threads."""
-        return LoopCaller(asyncio.get_running_loop(), self._steps, self._served.name)
+        return LoopCaller(asyncio.get_running_loop(), self._steps, self._served.name,
+                          self._calls_others)
+
+    def _calls_others(self) -> bool:
+        """On the loop, at a BLS call: the response cache learns this version is a composite
+        (False while it warms up, before it has a load number)."""
+        served = self._served
+        if self._cache is None or not served.load_number:
+            return False
+        self._cache.calls_others((served.name, served.version, served.load_number))
+        return True

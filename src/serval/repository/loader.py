@@ -88,7 +88,8 @@ class VersionLoader:
             raise ConfigError(f"the checksum agent refuses the load: {'; '.join(wrong)}")
         await self._make_room(version_bytes(spec.path) * spec.config.instances, served)
         serving = await backend.serve(spec, VersionContext(
-            served, self._engine_pool, self._steps, override.source if override else str))
+            served, self._engine_pool, self._steps, override.source if override else str,
+            self._cache))
         served.spec, served.model, served.runner = spec, serving.model, serving.runner
         served.signature = signature
         served.memory_bytes = serving.model.memory_bytes()

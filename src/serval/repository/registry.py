@@ -407,7 +407,7 @@ class ModelRegistry(ModelTable):
         served.state, served.reason = state, reason
         runner, model = served.runner, served.model
         served.runner, served.model, served.memory_bytes = None, None, 0
-        self.cache.forget((served.name, served.version, served.load_number))
+        self.cache.release((served.name, served.version, served.load_number))
         self.cache.forget_composites()
         if runner is not None:
             await runner.close()

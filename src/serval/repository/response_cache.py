@@ -10,8 +10,10 @@ recently used first, the sum of their bytes bounded by the cache's size; a resul
 the whole cache is not stored. A model may compute only the outputs asked for (a Python
 model's requested_output_names()): an entry that lacks one asked for is a miss, and the run's
 outputs join the entry's. A version's entries go when it is released (unloaded, replaced,
-evicted); a pipeline's also go whenever any model loads or is released, since its steps may
-have changed. Everything runs on the event loop (no locks) but the hashing of large inputs.
+evicted); a composite's (a pipeline, or a model seen calling others through BLS) also go
+whenever any model loads or is released, since what it calls may have changed (a BLS model's
+first request after a load stores under the plain key: a miss for the next one). Everything
+runs on the event loop (no locks) but the hashing of large inputs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ResponseCache:
         self._entries: OrderedDict[bytes, tuple[Scope, TensorDict, int]] = OrderedDict()
         self._by_scope: dict[Scope, set[bytes]] = {}
         self._composite: set[Scope] = set()  # scopes of pipelines (their steps may change)
+        self._callers: set[Scope] = set()  # loaded versions seen calling other models (BLS)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -77,7 +80,7 @@ class ResponseCache:
         if keys is None:
             keys = self._by_scope[scope] = set()
         keys.add(key)
-        if composite:
+        if composite or scope in self._callers:
             self._composite.add(scope)
         self.bytes += size
         return True
@@ -86,6 +89,22 @@ class ResponseCache:
         """Drop every entry of one loaded version."""
         for key in list(self._by_scope.get(scope, ())):
             self._drop(key)
+
+    def release(self, scope: Scope) -> None:
+        """A loaded version goes: its entries, and what was known of it."""
+        self.forget(scope)
+        self._callers.discard(scope)
+
+    def calls_others(self, scope: Scope) -> None:
+        """The version runs other models (a BLS call): from now on it is a composite, its
+        entries dropped whenever any model changes. An entry its calling request stores
+        after this joins them."""
+        self._callers.add(scope)
+        if scope in self._by_scope:
+            self._composite.add(scope)
+
+    def is_composite(self, scope: Scope, pipeline: bool) -> bool:
+        return pipeline or scope in self._callers
 
     def forget_composites(self) -> None:
         """Drop every pipeline's entries (a model they may run on changed); a pipeline's

@@ -152,6 +152,21 @@ def test_forget_drops_one_loaded_version_and_composites_move_the_generation() ->
     cache.forget(("never", "1", 9))  # nothing stored: nothing happens
 
 
+def test_a_version_seen_calling_others_is_a_composite_until_released() -> None:
+    cache = ResponseCache(1 << 20)
+    caller = ("bls", "1", 4)
+    assert not cache.is_composite(caller, pipeline=False)
+    cache.put(caller, b"before", _outputs(64))  # stored by the request making the first call
+    cache.calls_others(caller)
+    cache.put(caller, b"after", _outputs(64))
+    assert cache.is_composite(caller, pipeline=False)
+    assert not cache.is_composite(("other", "1", 5), pipeline=False)
+    cache.forget_composites()  # a model it may call changed
+    assert cache.get(b"before") is None and cache.get(b"after") is None
+    cache.release(caller)
+    assert not cache.is_composite(caller, pipeline=False)
+
+
 def _ask(cache: ResponseCache, stats: ModelStats, request: InferRequest, runs: list[int],
          scope: tuple[str, str, int] = SCOPE, composite: bool = False) -> TensorDict:
     """What the data plane does: look up; on a miss run the 'model' (x2) and store."""
