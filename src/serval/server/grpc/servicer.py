@@ -25,6 +25,7 @@ from serval.server.grpc.stream_infer import (
     model_is_decoupled,
     stream_error,
 )
+from serval.server.statistics import statistics_message
 from serval.server.streams import decoupled_now
 
 Reply = TypeVar("Reply")
@@ -69,9 +70,8 @@ class InferenceServicer(SharedMemoryRpcs):
 
     async def ModelStatistics(self, request: Any, context: Context) -> Any:
         await self._authorize(context, Action.READ, request.name)
-        return await _answer(context, "ModelStatistics", lambda: json_format.ParseDict(
-            self.dataplane.statistics(request.name or None, request.version or None),
-            pb.ModelStatisticsResponse(), ignore_unknown_fields=True))
+        return await _await(context, "ModelStatistics", statistics_message(
+            self.dataplane, request.name or None, request.version or None))
 
     async def ModelInfer(self, request: Any, context: Context) -> pb.ModelInferResponse:
         await self._authorize(context, Action.INFER, request.model_name)

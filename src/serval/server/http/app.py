@@ -34,6 +34,7 @@ from serval.server.http.shm_routes import is_shared_memory_path, shared_memory_r
 from serval.server.http.streamed import StreamedReply
 from serval.server.http.ui.routes import StatusRoutes
 from serval.server.http.ui.status import ServerStatus
+from serval.server.statistics import statistics_json
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class HttpApp:
                 return await self._repository_route(method, parts[2:], body)
             if is_shared_memory_path(parts[1:]):
                 return shared_memory_route(self.dataplane.shared_memory, method, parts[1:], body)
-            return self._server_route(method, parts[1:])
+            return await self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
             return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
         if StatusRoutes.is_asset(parts):  # the status page: open, it holds no data
@@ -118,7 +119,7 @@ class HttpApp:
                 return self.auth.check(bearer(_authorization(headers)), *needed)
         return ANONYMOUS
 
-    def _server_route(self, method: str, parts: list[str]) -> Reply:
+    async def _server_route(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":
             if parts not in _SERVER_PATHS:  # no such route (e.g. an extension not served)
                 return _not_found(method, "/v2/" + "/".join(parts))
@@ -131,7 +132,7 @@ class HttpApp:
             reason = self.dataplane.not_ready_reason()
             return (503, error_body(reason), list(JSON_HEADERS)) if reason else _status_only(200)
         if parts == ["models", "stats"]:
-            return _json(self.dataplane.statistics())
+            return 200, await statistics_json(self.dataplane), list(JSON_HEADERS)
         if parts == ["openapi.json"]:
             return _json(openapi_document())
         return _not_found(method, "/v2/" + "/".join(parts))
@@ -175,7 +176,7 @@ class HttpApp:
         if action == "config":
             return _json(await self.dataplane.model_config(name, version))
         if action == "stats":
-            return _json(self.dataplane.statistics(name, version))
+            return 200, await statistics_json(self.dataplane, name, version), list(JSON_HEADERS)
         return _json(await self.dataplane.model_metadata(name, version))
 
     async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:
