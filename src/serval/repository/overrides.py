@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -22,6 +21,7 @@ from serval.errors import ConfigError, InvalidInput, LoadFailed, ModelNotFound, 
 from serval.model_config import MAX_CONFIG_BYTES, ModelConfig
 from serval.protocol.grpc import model_config_pb2 as mc
 from serval.repository.layout import ModelDirectory, scan_model
+from serval.repository.scratch import private_folder
 from serval.repository.store import serving_version
 from serval.repository.triton_config import parse_json, to_model_config
 
@@ -253,9 +253,9 @@ def _relative_path(name: str, key: str) -> PurePosixPath:
 
 
 def write_files(name: str, files: Mapping[PurePosixPath, bytes]) -> Path:
-    """Write checked files under a new private folder (0700); returns <it>/<name>. Nothing
-    there is a link, and files are opened without following one."""
-    root = Path(tempfile.mkdtemp(prefix="serval-load-"))
+    """Write checked files under a new private folder (0700, repository/scratch.py); returns
+    <it>/<name>. Nothing there is a link, and files are opened without following one."""
+    root = private_folder()
     folder = root / name
     try:
         folder.mkdir()
