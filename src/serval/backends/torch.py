@@ -6,6 +6,7 @@ torch is optional and imported only when a pytorch model loads. Only archive for
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from serval.backends.base import (
 )
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
-from serval.errors import ConfigError
+from serval.errors import ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import numpy_dtype
 from serval.protocol.types import TensorDict
 
@@ -81,8 +82,14 @@ class TorchModel:
         import torch
 
         tensors = [self._tensor(torch, inputs[spec.name]) for spec in self._metadata.inputs]
-        with torch.inference_mode():
-            results = self._program(*tensors)
+        try:
+            with torch.inference_mode():
+                results = self._program(*tensors)
+        except (RuntimeError, IndexError, ValueError, AssertionError) as exc:
+            rejected = rejected_input(str(exc))
+            if rejected is None:
+                raise  # a real engine failure: the batcher answers 500, the log keeps the cause
+            raise rejected from exc  # the input values' fault: 400, its batch-mates rerun
         if isinstance(results, torch.Tensor):
             results = (results,)
         elif isinstance(results, dict):
@@ -106,6 +113,32 @@ class TorchModel:
 
     def unload(self) -> None:
         self._program = None
+
+
+# what torch raises when the input's sizes or values do not fit the program (the config's -1
+# dims let any size through): an index outside a table, sizes an op cannot combine. A dtype
+# the program does not take is the config's fault, not the client's: not listed.
+_INPUT_FAULT = re.compile("|".join((
+    r"index out of range", r"out of bounds for dimension", r"index \S+ is out of bounds",
+    r"shapes cannot be multiplied", r"must match the size of tensor", r"size mismatch",
+    r"Sizes of tensors must match", r"is invalid for input of size", r"Dimension out of range",
+    r"expected input\[.*\] to have \d+ channels", r"Expected \d+D .*input",
+    r"Kernel size can't be greater than actual input size", r"The expanded size of the tensor",
+    r"shape mismatch", r"Expected size for first two dimensions",
+    r"^Guard failed: \w+\.size\(\)",  # torch.export: a size its program was not made for
+)), re.IGNORECASE)
+
+
+def rejected_input(engine_message: str) -> EngineRejectedInput | None:
+    """torch's account of an input it cannot compute on, as a 400 (None: not such a fault).
+    Only the error's last line is kept: TorchScript puts its code, and the file paths of the
+    source it was scripted from, above it."""
+    lines = [line.strip() for line in engine_message.strip().splitlines() if line.strip()]
+    detail = re.sub(r"^\w+(?:Error|Exception): ", "", lines[-1] if lines else "")[:300]
+    if not _INPUT_FAULT.search(detail) or "/" in detail:
+        return None
+    return EngineRejectedInput(f"the model cannot compute on these input values: {detail}",
+                               detail)
 
 
 def _import_torch() -> Any:
