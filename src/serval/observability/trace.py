@@ -13,9 +13,10 @@ a string, or a list of strings for `trace_level`:
 
 A null value clears the setting (a model's: back to the global one; a global one: back to its
 default); a model POST without settings clears all of that model's. Traces waiting to be written
-are bounded (MAX_BUFFERED), and so is what one server writes (MAX_WRITTEN_BYTES: a client
-that may change settings must not fill the disk); beyond either, traces are dropped and
-counted in the log.
+are bounded (MAX_BUFFERED), and so is what one server writes (MAX_WRITTEN_BYTES, each file
+charged whole disk blocks, and MAX_FILES: a client that may change settings must not fill the
+disk, nor its inodes with `log_frequency` 1); beyond either, traces are dropped and counted in
+the log.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ DEFAULTS: dict[str, Value] = {"trace_file": "", "trace_level": ["OFF"], "trace_r
                               "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
 MAX_BUFFERED = 10_000
 MAX_WRITTEN_BYTES = 1 << 30
+MAX_FILES = 10_000  # FILE.N files one server writes
+BLOCK_BYTES = 4096  # what the smallest file takes of a disk
 _MINIMUM = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
 
 
@@ -77,7 +80,8 @@ class Tracer:
         self._file_index = 0
         self._next_id = 1
         self._dropped = 0
-        self._written = 0  # bytes of traces this server wrote (MAX_WRITTEN_BYTES)
+        self._written = 0  # disk bytes of traces this server wrote (MAX_WRITTEN_BYTES)
+        self._files = 0  # files it wrote (MAX_FILES)
         self.active = False  # some settings trace: the request path asks start() only then
         if initial:
             self.update(None, initial)
@@ -169,14 +173,17 @@ class Tracer:
     def _write(self, path: str) -> None:
         traces, self._buffer = self._buffer, []
         data = orjson.dumps(traces)
-        if self._written + len(data) > MAX_WRITTEN_BYTES:
+        disk_bytes = -(-len(data) // BLOCK_BYTES) * BLOCK_BYTES  # a file takes whole blocks
+        if self._written + disk_bytes > MAX_WRITTEN_BYTES or self._files >= MAX_FILES:
             self._dropped += len(traces)
-            log.warning("%d traces not written: this server has written %d bytes of traces, "
-                        "its limit", len(traces), self._written)
+            log.warning("%d traces not written: this server has written %d files, %d bytes "
+                        "of disk, of traces (its limits: %d files, %d bytes)", len(traces),
+                        self._files, self._written, MAX_FILES, MAX_WRITTEN_BYTES)
             return
         try:
             Path(path).write_bytes(data)
-            self._written += len(data)
+            self._written += disk_bytes
+            self._files += 1
         except OSError as exc:
             log.error("could not write %d traces: %s", len(traces), exc.strerror)
         if self._dropped:

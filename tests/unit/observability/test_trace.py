@@ -130,10 +130,29 @@ def test_what_waits_and_what_is_written_are_bounded(tmp_path: Path,
     _take(tracer, "m", 10)
     tracer.close()
     assert len(orjson.loads((tmp_path / "trace.json").read_bytes())) == 4
-    monkeypatch.setattr(trace_module, "MAX_WRITTEN_BYTES", 600)
+    monkeypatch.setattr(trace_module, "MAX_WRITTEN_BYTES", 2 * 4096)
     tracer = Tracer(tmp_path / "small.json", {"trace_level": "TIMESTAMPS", "trace_rate": "1",
                                               "log_frequency": "1"})
     _take(tracer, "m", 10)
     written = sorted(tmp_path.glob("small.json.*"))
     assert 0 < len(written) < 10
-    assert sum(p.stat().st_size for p in written) <= 600
+    assert sum(p.stat().st_size for p in written) <= 2 * 4096
+
+
+def test_many_small_files_count_their_disk_blocks_and_are_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_frequency 1 writes a file of ~400 bytes per trace, and each takes a 4 KiB block and
+    an inode: the byte limit counted 400, so 1 GiB of traces was ~10 GiB of disk in 2.6
+    million files. Each file is charged its whole blocks now, and the files are counted."""
+    monkeypatch.setattr(trace_module, "MAX_WRITTEN_BYTES", 3 * 4096)
+    tracer = _on(tmp_path, trace_rate="1", log_frequency="1")
+    _take(tracer, "m", 10)
+    written = sorted(tmp_path.glob("trace.json.*"))
+    assert len(written) == 3
+    assert sum(p.stat().st_size for p in written) < 4096
+    monkeypatch.setattr(trace_module, "MAX_WRITTEN_BYTES", 1 << 30)
+    monkeypatch.setattr(trace_module, "MAX_FILES", 5)
+    tracer = Tracer(tmp_path / "many.json", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+                                             "log_frequency": "1"})
+    _take(tracer, "m", 10)
+    assert len(list(tmp_path.glob("many.json.*"))) == 5
