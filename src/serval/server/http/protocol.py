@@ -259,8 +259,9 @@ class HttpProtocol(RequestReader):
                     await asyncio.sleep(early_s)
                     reply = (429, _TOO_EARLY_BODY,
                              [*JSON_HEADERS, (b"retry-after", self.retry_after)])
-                else:
-                    reply = await self.app.handle(item.method, item.path, item.headers,
+                else:  # HEAD is GET without the body (RFC 9110 9.3.2; encode_reply drops it)
+                    method = "GET" if item.method == "HEAD" else item.method
+                    reply = await self.app.handle(method, item.path, item.headers,
                                                   item.body, item.query, item.authorized)
                 if self.transport is None:
                     if isinstance(reply, StreamedReply):
@@ -268,13 +269,14 @@ class HttpProtocol(RequestReader):
                     return
                 keep_alive = item.keep_alive and not self.closing
                 if isinstance(reply, StreamedReply):
-                    if not await self._stream(reply, keep_alive):
+                    keep_alive = keep_alive and not item.http10  # 1.0: ends at the close
+                    if not await self._stream(reply, keep_alive, not item.http10):
                         return  # the client went away mid-answer
                 else:
                     if reply[0] == 429:
                         self._note_refusal(reply[2])
                     self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
-                                                      self.server_lines))
+                                                      self.server_lines, item.http10))
                 if item.reserved:
                     self._release(item.reserved)
                 if not keep_alive:
@@ -296,19 +298,20 @@ class HttpProtocol(RequestReader):
                 self.continue_owed = False
                 self._send_continue()
 
-    async def _stream(self, reply: StreamedReply, keep_alive: bool) -> bool:
-        """Write an answer as its pieces come (chunked), no faster than the client reads;
-        False when the connection closed first (the pieces' maker is stopped)."""
+    async def _stream(self, reply: StreamedReply, keep_alive: bool, chunked: bool) -> bool:
+        """Write an answer as its pieces come (chunked, or as is to an HTTP/1.0 client, which
+        the close then ends), no faster than the client reads; False when the connection
+        closed first (the pieces' maker is stopped)."""
         async with contextlib.aclosing(reply.rest) as rest:
             assert self.transport is not None
             self.transport.write(encode_stream_head(reply.status, reply.headers, keep_alive,
-                                                    self.server_lines))
+                                                    self.server_lines, chunked))
             data = reply.first
             while True:
                 if self.transport is None:
                     return False
                 if data:
-                    self.transport.write(encode_chunk(data))
+                    self.transport.write(encode_chunk(data) if chunked else data)
                 if self.write_paused:
                     self.drained = self.loop.create_future()
                     await self.drained
@@ -319,7 +322,8 @@ class HttpProtocol(RequestReader):
                     break
         if self.transport is None:
             return False
-        self.transport.write(LAST_CHUNK)
+        if chunked:
+            self.transport.write(LAST_CHUNK)
         return True
 
     def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:

@@ -36,6 +36,7 @@ class Request:
     query: str = ""
     reserved: int = 0  # bytes of the receive budget held until the answer is written
     authorized: Token | None = None  # the caller the app's precheck found (None: not asked)
+    http10: bool = False  # an HTTP/1.0 request: no chunked answer, keep-alive said aloud
 
 
 class _Refused(Exception):
@@ -69,7 +70,7 @@ class RequestReader(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_bytes = self.header_bytes = self.reserved = 0
         self.content_length = -1  # -1: none given
-        self.chunked = self.expect_continue = self.continue_owed = False
+        self.chunked = self.expect_continue = self.continue_owed = self.http10 = False
         self.authorized: Token | None = None
         self.method, self.path, self.query = "", "", ""
 
@@ -176,10 +177,26 @@ class RequestReader(asyncio.Protocol):
         except httptools.HttpParserError:
             self._abort(400, "malformed HTTP request: invalid request target")
         self.method = self.parser.get_method().decode("latin-1")
+        if self.parser.get_http_version() != "1.1":
+            self._old_version()
         self.path = unquote(url.path.decode("latin-1"))
         self.query = url.query.decode("latin-1") if url.query else ""
         if self.content_length > 0 or self.chunked:
             self._admit_body()
+
+    def _old_version(self) -> None:
+        """HTTP/1.0 is served (its keep-alive said aloud, answers never chunked); other versions
+        get 505, and an HTTP/1.0 request with Transfer-Encoding 400, as nginx does (RFC 9112
+        6.1: its framing is faulty; a 1.0 proxy before us may have framed it otherwise)."""
+        assert self.parser is not None
+        version = self.parser.get_http_version()
+        if version != "1.0":
+            self._refuse(refusal(505, f"HTTP/{version} is not supported; send HTTP/1.1 or 1.0"))
+            raise _Refused
+        if self.chunked:
+            self._abort(400, "an HTTP/1.0 request cannot carry Transfer-Encoding; send "
+                             "Content-Length (or HTTP/1.1)")
+        self.http10 = True
 
     def on_body(self, body: bytes) -> None:
         self.progress = True
@@ -202,7 +219,7 @@ class RequestReader(asyncio.Protocol):
         self.continue_owed = False
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
                           self.parser.should_keep_alive(), self.query, self.reserved,
-                          self.authorized)
+                          self.authorized, self.http10)
         self.reserved = 0  # the request holds it now
         self.body = []
         self._enqueue(request)

@@ -13,26 +13,32 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in
 
 
 def encode_reply(reply: Reply, keep_alive: bool, head: bool = False,
-                 server_lines: bytes = b"") -> bytes:
+                 server_lines: bytes = b"", http10: bool = False) -> bytes:
     """Status line, headers and body; a HEAD answer has the headers a GET would, and no body.
 
-    `server_lines`: the server's own header lines (ServerHeaders.lines), already encoded."""
+    `server_lines`: the server's own header lines (ServerHeaders.lines), already encoded;
+    `http10`: the request was HTTP/1.0, whose keep-alive must be said (else the client waits
+    for the connection to close)."""
     status, body, headers = reply
     parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode(), server_lines]
     parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
     parts.append(b"content-length: %d\r\n" % len(body))
     if not keep_alive:
         parts.append(b"connection: close\r\n")
+    elif http10:
+        parts.append(b"connection: keep-alive\r\n")
     parts += [b"\r\n", b"" if head else body]
     return b"".join(parts)
 
 
 def encode_stream_head(status: int, headers: Sequence[tuple[bytes, bytes]], keep_alive: bool,
-                       server_lines: bytes = b"") -> bytes:
-    """The head of an answer whose body follows in chunks (encode_chunk, then LAST_CHUNK)."""
+                       server_lines: bytes = b"", chunked: bool = True) -> bytes:
+    """The head of an answer whose body follows in chunks (encode_chunk, then LAST_CHUNK), or,
+    not `chunked` (an HTTP/1.0 client, RFC 9112 7.1), as is until the connection closes."""
     parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} \r\n".encode(), server_lines]
     parts += [b"%s: %s\r\n" % (name, value) for name, value in headers]
-    parts.append(b"transfer-encoding: chunked\r\n")
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
     if not keep_alive:
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")
