@@ -5,9 +5,11 @@ bound, or answer a bad value with a 5xx."""
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,7 +17,7 @@ import tritonclient.grpc as triton_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer
+from tests.integration.http_helpers import call, infer, metric
 
 pytestmark = pytest.mark.integration
 X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
@@ -136,3 +138,40 @@ def test_one_models_statistics_are_unchanged(many: RunningServer) -> None:
     with pytest.raises(triton_grpc.InferenceServerException, match="not available"):
         client.get_inference_statistics("no-such-model")
     assert call(many.url, "GET", "/v2/models/no-such-model/stats").status == 404
+
+
+def _ask_agent(port: int, send: bytes = b"weight\n") -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(send)
+        answer = b""
+        while chunk := sock.recv(256):
+            answer += chunk
+    return answer
+
+
+def test_the_agent_weight_falls_when_the_receive_budget_is_held(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """A client holding the receive budget (bodies sent slowly) makes the node answer every
+    new request 429, yet the agent told the proxy `up ready 100%`. Now the weight counts the
+    budget too: 25%, the floor (0 would drain)."""
+    fixture_models.linear(tmp_path / "repo")
+    server = server_factory(tmp_path / "repo", "--receive-budget-mb", "1", agent=True)
+    assert server.agent_port is not None
+    assert _ask_agent(server.agent_port) == b"up ready 100%\n"
+    held = (1 << 20) - 8  # of the 1 MiB budget: no request fits beside it
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+        slow.sendall(b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (held + 8)
+                     + b" " * held)
+        deadline = time.monotonic() + 10
+        while metric(server.url, "serval_receive_budget_held_bytes") < held:
+            assert time.monotonic() < deadline, "the body's bytes were never held"
+            time.sleep(0.01)
+        refused = infer(server.url, "linear", X)
+        assert refused.status == 429  # what the proxy would send this node now
+        assert _ask_agent(server.agent_port) == b"up ready 25%\n"
+    deadline = time.monotonic() + 10
+    while metric(server.url, "serval_receive_budget_held_bytes") > 0:
+        assert time.monotonic() < deadline, "the budget was never released"
+        time.sleep(0.01)
+    assert _ask_agent(server.agent_port) == b"up ready 100%\n"

@@ -6,8 +6,10 @@ listener that answers each connection with one line of the node's state and clos
     up ready\\n           serving; `up ready 75%\\n` when the request line says `weight`
 
 The weight is the node's free capacity (requests in flight against --max-inflight, resident
-model bytes against --memory-budget), in steps of 25 and never below 25: 0 would mean drain, and
-small swings must not move models around the proxy's consistent-hash ring.
+model bytes against --memory-budget, request bytes the transports hold against
+--receive-budget-mb: past it every new request gets a 429), in steps of 25 and never below 25:
+0 would mean drain, and small swings must not move models around the proxy's consistent-hash
+ring.
 
 Policy is the pure functions `capacity_weight` and `agent_reply`; `AgentServer` is the thin
 shell. It is bounded like the rest of the server: at most MAX_CONNECTIONS open at once (beyond,
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from typing import cast
 
 from serval.dataplane import DataPlane
+from serval.server.limits import ReceiveBudget
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +44,16 @@ _UP_WEIGHTED = {weight: b"up ready %d%%\n" % weight
 
 
 def capacity_weight(inflight: int, max_inflight: int, resident_bytes: int,
-                    budget_bytes: int | None) -> int:
-    """The free share of the tighter of queue and memory, in percent, rounded to the nearest
-    WEIGHT_STEP, at least WEIGHT_STEP and at most 100. No budget: memory is all free."""
+                    budget_bytes: int | None, received_bytes: int = 0,
+                    receive_budget_bytes: int = 0) -> int:
+    """The free share of the tightest of queue, memory and received bytes, in percent, rounded
+    to the nearest WEIGHT_STEP, at least WEIGHT_STEP and at most 100. No budget: that one is
+    all free."""
     queue_free = 1.0 - inflight / max_inflight if max_inflight > 0 else 0.0
     memory_free = 1.0 if not budget_bytes else 1.0 - resident_bytes / budget_bytes
-    free = min(1.0, max(0.0, min(queue_free, memory_free)))
+    receive_free = (1.0 if receive_budget_bytes <= 0
+                    else 1.0 - received_bytes / receive_budget_bytes)
+    free = min(1.0, max(0.0, min(queue_free, memory_free, receive_free)))
     steps = 100 // WEIGHT_STEP
     return max(WEIGHT_STEP, min(100, int(free * steps + 0.5) * WEIGHT_STEP))
 
@@ -69,11 +76,13 @@ def agent_reply(draining: bool, ready: bool, weight: int | None) -> bytes:
 
 class NodeState:
     """What the agent reports: the data plane's readiness and load (no data plane yet: the
-    models are loading, not ready), and whether the node is draining (set by stop_server,
-    before anything closes)."""
+    models are loading, not ready), the transports' receive budget, and whether the node is
+    draining (set by stop_server, before anything closes)."""
 
-    def __init__(self, dataplane: DataPlane | None = None) -> None:
+    def __init__(self, dataplane: DataPlane | None = None,
+                 receive_budget: ReceiveBudget | None = None) -> None:
         self.dataplane = dataplane
+        self.receive_budget = receive_budget
         self.draining = False
 
     def reply(self, request: bytes) -> bytes:
@@ -82,9 +91,11 @@ class NodeState:
         weight = None
         if ready and not self.draining and wants_weight(request):
             assert dataplane is not None
-            registry = dataplane.registry
+            registry, received = dataplane.registry, self.receive_budget
             weight = capacity_weight(dataplane.inflight, dataplane.max_inflight,
-                                     registry.resident_bytes, registry.memory_budget_bytes)
+                                     registry.resident_bytes, registry.memory_budget_bytes,
+                                     received.held_bytes if received else 0,
+                                     received.limit_bytes if received else 0)
         return agent_reply(self.draining, ready, weight)
 
 

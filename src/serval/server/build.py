@@ -257,7 +257,7 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
         if agent is not None:
             agent.close()
         raise
-    node.dataplane = stack.dataplane
+    node.dataplane, node.receive_budget = stack.dataplane, stack.guards.budget
     guards = stack.guards
     tracker = ConnectionTracker()
     http_headers = ServerHeaders([(name.encode(), value.encode()) for name, value in headers])

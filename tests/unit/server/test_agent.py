@@ -50,6 +50,12 @@ def test_capacity_weight_is_the_tighter_headroom_in_steps_of_25(
     assert capacity_weight(inflight, max_inflight, resident, budget) == weight
 
 
+def test_capacity_weight_counts_the_receive_budget_held() -> None:
+    assert capacity_weight(0, 64, 0, None, GIB, GIB) == 25  # every new request would be a 429
+    assert capacity_weight(0, 64, 0, None, GIB // 2, GIB) == 50
+    assert capacity_weight(0, 64, 0, None, 5, 0) == 100  # no budget: all free
+
+
 def test_capacity_weight_only_ever_takes_four_values() -> None:
     seen = {capacity_weight(n, 64, m * GIB // 8, GIB) for n in range(0, 80) for m in range(10)}
     assert seen == {25, 50, 75, 100}
