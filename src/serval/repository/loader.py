@@ -71,7 +71,7 @@ class VersionLoader:
             raise ConfigError(f"{self._root / served.name}: model folder is gone")
         signature = None if override is not None else await asyncio.to_thread(
             version_signature, directory.path, served.version)  # first: later edits show
-        spec = version_spec(directory, served.version, override)
+        spec = await asyncio.to_thread(version_spec, directory, served.version, override)
         if spec.config.response_cache and not self._cache.capacity:
             log.warning("the model enables response_cache but the server has no cache "
                         "(--cache-config local,size=BYTES): its results are not cached",

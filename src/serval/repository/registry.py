@@ -182,7 +182,8 @@ class ModelRegistry(ModelTable):
 
     async def _load_fresh(self, name: str, override: LoadOverride | None
                           ) -> tuple[list[ServedModel], tuple[str, ...]]:
-        directory, selected = reload_plan(self.root, name, override, self.public_reason)
+        directory, selected = await asyncio.to_thread(  # configs parse off the loop
+            reload_plan, self.root, name, override, self.public_reason)
         serving = self._models.get(name, {})
         fresh = [ServedModel(name, v, ModelState.UNAVAILABLE, "not loaded", totals=self.totals)
                  for v in selected]
@@ -328,7 +329,7 @@ class ModelRegistry(ModelTable):
         Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
         load, not at its first request. StepNotReady naming the step in the log only. The
         steps are those of the config loading (`override`'s), loops checked with them."""
-        steps = steps_of(self.root, served.name, override)
+        steps = await asyncio.to_thread(steps_of, self.root, served.name, override)
         if not steps:
             return
         served.state, served.reason = ModelState.LOADING, "loading its steps"
