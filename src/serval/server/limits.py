@@ -56,17 +56,31 @@ class GatedConnection(Protocol):
 
 
 class ConnectionGate:
-    """The server's open connections, both transports, oldest first."""
+    """The server's open connections, both transports, oldest first.
 
-    def __init__(self, max_connections: int, log: AbuseLog) -> None:
+    At the limit, finding an idle connection to close scans them all (~0.4 ms for 10,000): a
+    scan that finds none is not repeated for BUSY_RESCAN_S, so a flood of new connections
+    while every slot is busy costs a refusal each, not a scan each."""
+
+    BUSY_RESCAN_S = 0.05
+
+    def __init__(self, max_connections: int, log: AbuseLog,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_connections = max_connections
         self.open: dict[GatedConnection, None] = {}  # insertion order: oldest first
         self._log = log
+        self._clock = clock
+        self._all_busy_at = float("-inf")  # when a scan last found every connection busy
 
     def admit(self, connection: GatedConnection) -> bool:
         """Register a new connection; False: no room (the caller closes it)."""
         if len(self.open) >= self.max_connections:
-            victim = next((c for c in self.open if c.is_idle()), None)
+            now = self._clock()
+            victim = None
+            if now - self._all_busy_at >= self.BUSY_RESCAN_S:
+                victim = next((c for c in self.open if c.is_idle()), None)
+                if victim is None:
+                    self._all_busy_at = now
             if victim is None:
                 self._log.closed("connection limit", f"at the limit of {self.max_connections} "
                                  "connections, none idle: refused a new one (--max-connections)")
