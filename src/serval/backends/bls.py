@@ -33,7 +33,12 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from serval.backends.base import ModelCaller
-from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.backends.pipe_tensors import (
+    encode_tensors,
+    recv_tensors,
+    send_tensors,
+    write_tensors,
+)
 from serval.errors import BackendError, ServalError
 from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
 
@@ -83,7 +88,9 @@ class ChildChannel:
     def start(self, model: str, version: str | None, inputs: TensorDict,
               outputs: list[str] | None, parameters: dict[str, Any], timeout_us: int,
               stream: bool) -> int:
-        """Send a call; its id, for `next` (and `cancel` when streamed)."""
+        """Send a call; its id, for `next` (and `cancel` when streamed). Inputs that cannot
+        be sent raise UnsendableTensor here, nothing written."""
+        encoded = encode_tensors(inputs)
         call_id = next(self._ids)
         with self._changed:
             answers: deque[tuple[Answer, bool]] = deque()
@@ -94,7 +101,7 @@ class ChildChannel:
         head: Head = (call_id, model, version, outputs, parameters, timeout_us, stream)
         with self._send_lock:
             self._conn.send((CALL, head))
-            send_tensors(self._conn, inputs)
+            write_tensors(self._conn, encoded)
         return call_id
 
     def next(self, call_id: int) -> tuple[Answer, bool]:

@@ -19,8 +19,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
-import numpy as np
-
 from serval.backends import bls
 from serval.backends.base import (
     Engine,
@@ -30,6 +28,7 @@ from serval.backends.base import (
     ModelVersionSpec,
     RequestModel,
 )
+from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import (
     REQUESTS,
     recv_requests,
@@ -37,7 +36,13 @@ from serval.backends.pipe_requests import (
     send_requests,
     send_results,
 )
-from serval.backends.pipe_tensors import read_arrays, recv_tensors, send_tensors
+from serval.backends.pipe_tensors import (
+    encode_tensors,
+    read_arrays,
+    recv_tensors,
+    send_tensors,
+    write_tensors,
+)
 from serval.backends.worker_guard import end_group, guard_worker, kill_group, stop_in_background
 from serval.errors import (
     BackendError,
@@ -369,17 +374,18 @@ Reply = Callable[[Connection], None]
 
 
 def _answer_batch(model: LoadedModel, inputs: TensorDict) -> Reply:
+    """Encoded first: a model's fault (sys.exit(), unsendable outputs) is an error reply."""
     try:
-        outputs = {name: np.asarray(value) for name, value in model.infer(inputs).items()}
+        outputs = encode_tensors(model.infer(inputs))
     except EngineRejectedInput as exc:
         rejected = ("rejected", (exc.message, exc.detail))
         return lambda conn: conn.send(rejected)
-    except Exception as exc:
-        return _error(f"{type(exc).__name__}: {exc}")
+    except (Exception, *MODEL_EXITS) as exc:
+        return _error(model_exception(exc))
 
     def send(conn: Connection) -> None:
         conn.send(("ok", None))
-        send_tensors(conn, outputs)
+        write_tensors(conn, outputs)
     return send
 
 
@@ -388,8 +394,8 @@ def _answer_requests(model: LoadedModel, requests: list[InferRequest]) -> Reply:
         return _error("the engine does not take requests")
     try:
         results = model.infer_requests(requests)
-    except Exception as exc:
-        return _error(f"{type(exc).__name__}: {exc}")
+    except (Exception, *MODEL_EXITS) as exc:
+        return _error(model_exception(exc))
     return lambda conn: send_results(conn, results)
 
 

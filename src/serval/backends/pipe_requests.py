@@ -7,9 +7,14 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
-from serval.backends.pipe_tensors import recv_tensors, send_tensors
+from serval.backends.pipe_tensors import (
+    EncodedTensors,
+    UnsendableTensor,
+    encode_tensors,
+    recv_tensors,
+    send_tensors,
+    write_tensors,
+)
 from serval.errors import BackendError, EngineRejectedInput, ServalError
 from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
 
@@ -38,18 +43,25 @@ def recv_requests(conn: Connection, heads: list[tuple[Any, ...]]) -> list[InferR
 
 
 def send_results(conn: Connection, results: Sequence[TensorDict | ServalError]) -> None:
+    """A status per request, then the tensors of those that succeeded: each encoded first, so
+    one whose outputs cannot be sent fails alone, the pipe left whole."""
     statuses: list[tuple[str, ...] | None] = []
+    encoded: list[EncodedTensors] = []
     for result in results:
         if isinstance(result, EngineRejectedInput):
             statuses.append(("rejected", result.message, result.detail))
         elif isinstance(result, ServalError):
             statuses.append(("failed", result.message))
         else:
+            try:
+                encoded.append(encode_tensors(result))
+            except UnsendableTensor as exc:
+                statuses.append(("failed", f"an output of the model: {exc}"))
+                continue
             statuses.append(None)
     conn.send(("ok", statuses))
-    for result in results:
-        if not isinstance(result, ServalError):
-            send_tensors(conn, {name: np.asarray(value) for name, value in result.items()})
+    for tensors in encoded:
+        write_tensors(conn, tensors)
 
 
 def recv_results(conn: Connection, statuses: list[tuple[str, ...] | None]

@@ -1,25 +1,71 @@
 """Tensors over a worker process's pipe (multiprocessing Connection): a header of (name,
 dtype, shape), then each numeric array's raw bytes received straight into numpy memory; BYTES
-(object) arrays pickled."""
+(object) arrays pickled.
+
+A message's tensors are encoded (`encode_tensors`) before any of its bytes are written: what
+cannot be sent (an object array holding a function) fails there, with the pipe untouched, so
+the sender can answer an error instead of leaving half a message that desynchronises the pipe.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import numpy as np
 
 from serval.protocol.types import TensorDict
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedTensors:
+    """What send_tensors writes: the header, then a pickle (bytes) or an array per tensor."""
+
+    header: list[tuple[str, str, tuple[int, ...]]]
+    payloads: list[Any]
+
+
+class UnsendableTensor(ValueError):
+    """A tensor that cannot cross the pipe (an object array holding what pickle refuses)."""
+
+
+def encode_tensors(tensors: TensorDict) -> EncodedTensors:
+    """Everything but the numeric arrays' bytes, ready to write; UnsendableTensor names what
+    cannot be sent."""
+    header: list[tuple[str, str, tuple[int, ...]]] = []
+    payloads: list[Any] = []
+    for name, value in tensors.items():
+        try:
+            array = np.asarray(value)
+        except Exception as exc:  # a ragged list
+            raise UnsendableTensor(f"tensor '{name}' is not an array: {exc}") from exc
+        header.append((name, array.dtype.str, array.shape))
+        if array.dtype.hasobject:
+            try:
+                payloads.append(bytes(ForkingPickler.dumps(array)))
+            except Exception as exc:
+                raise UnsendableTensor(f"tensor '{name}' cannot be sent: its elements must be "
+                                       f"bytes or str ({type(exc).__name__}: {exc})") from exc
+        else:
+            payloads.append(array)
+    return EncodedTensors(header, payloads)
+
+
+def write_tensors(conn: Connection, encoded: EncodedTensors) -> None:
+    """Write what encode_tensors made (nothing here can fail but the pipe)."""
+    conn.send(("tensors", encoded.header))
+    for payload in encoded.payloads:
+        if isinstance(payload, bytes):
+            conn.send_bytes(payload)  # recv() unpickles it
+        else:  # ravel copies only what is not C-contiguous already
+            conn.send_bytes(np.ravel(payload).view(np.uint8).data)
+
+
 def send_tensors(conn: Connection, tensors: TensorDict) -> None:
     """Header first; numeric arrays as raw buffers, BYTES (object) arrays pickled."""
-    arrays = {name: np.asarray(array) for name, array in tensors.items()}
-    conn.send(("tensors", [(name, a.dtype.str, a.shape) for name, a in arrays.items()]))
-    for array in arrays.values():
-        if array.dtype.hasobject:
-            conn.send(array)
-        else:  # ravel copies only what is not C-contiguous already
-            conn.send_bytes(np.ravel(array).view(np.uint8).data)
+    write_tensors(conn, encode_tensors(tensors))
 
 
 def recv_tensors(conn: Connection) -> TensorDict:

@@ -1,0 +1,135 @@
+"""A Python model's faults in its worker process against a real server: an execute() that
+raises what cannot be printed, sys.exit() or KeyboardInterrupt, or outputs that cannot cross
+the pipe, fails its own requests (500, the model's error named) and the worker goes on, the
+same process answering next: no restart, and a batch-mate's answer still arrives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import Reply, infer
+from tests.triton_python_models import write
+
+pytestmark = pytest.mark.integration
+Factory = Callable[..., RunningServer]
+
+# max_batch_size 2 and a long delay: two single-row requests always run as one batch
+CONFIG = """\
+backend: python
+max_batch_size: 2
+batching: {max_queue_delay_ms: 10000}
+inputs: [{name: INPUT0, datatype: FP32, dims: [1]}]
+outputs: [{name: OUTPUT0, datatype: BYTES, dims: [1]}]
+"""
+
+# the input picks the fault; 0 answers the worker's pid
+FAULTS = '''
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            mode = int(x[0, 0])
+            if mode == 1:
+                raise Unprintable()
+            if mode == 2:
+                sys.exit(3)
+            if mode == 3:
+                raise KeyboardInterrupt
+            value = (lambda: 0) if mode == 4 else str(os.getpid()).encode()
+            output = np.array([[value]] * x.shape[0], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", output)]))
+        return responses
+'''
+
+# a Serval model in a worker process (isolation: process): the batch path
+ISOLATED = '''
+import os
+
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        pass
+
+    def infer(self, inputs):
+        rows = inputs["INPUT0"].shape[0]
+        value = (lambda: 0) if inputs["INPUT0"][0, 0] == 4 else str(os.getpid()).encode()
+        return {"OUTPUT0": np.array([[value]] * rows, dtype=np.object_)}
+'''
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root: Path = tmp_path_factory.mktemp("worker-faults")
+    write(root, "faults", FAULTS, CONFIG)
+    write(root, "isolated", ISOLATED, CONFIG.replace("max_batch_size: 2",
+                                                     "max_batch_size: 1\nisolation: process"))
+    return server_factory(root, "--allow-python-models")
+
+
+def _run(server: RunningServer, model: str, mode: int, rows: int = 1) -> Reply:
+    return infer(server.url, model, {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [rows, 1], "data": [float(mode)] * rows}]})
+
+
+def _pid(server: RunningServer, model: str) -> str:
+    """The worker's pid, from a request that fills a batch alone (no wait for a batch-mate)."""
+    reply = _run(server, model, 0, rows=2 if model == "faults" else 1)
+    assert reply.status == 200, reply.body
+    return str(reply.json()["outputs"][0]["data"][0])
+
+
+@pytest.mark.parametrize(("mode", "named"), [
+    (1, "Unprintable"), (2, "SystemExit(3)"), (3, "KeyboardInterrupt")])
+def test_what_execute_raises_fails_its_batch_and_the_worker_goes_on(
+        server: RunningServer, mode: int, named: str) -> None:
+    pid = _pid(server, "faults")
+    with ThreadPoolExecutor(2) as pool:  # one batch of two: both fail (execute raised)
+        replies = list(pool.map(lambda m: _run(server, "faults", m), (mode, 0)))
+    for reply in replies:
+        assert reply.status == 500, reply.body
+        assert "worker process died" not in reply.error
+    assert named in server.log()
+    assert _pid(server, "faults") == pid  # the same worker: no restart
+
+
+def test_an_output_that_cannot_be_sent_fails_only_its_request(server: RunningServer) -> None:
+    pid = _pid(server, "faults")
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(_run, server, "faults", 4)
+        good = pool.submit(_run, server, "faults", 0)
+        bad_reply, good_reply = bad.result(timeout=60), good.result(timeout=60)
+    assert good_reply.status == 200, good_reply.body
+    assert good_reply.json()["outputs"][0]["data"] == [pid]
+    assert bad_reply.status == 500, bad_reply.body
+    assert "worker process died" not in bad_reply.error
+    assert "OUTPUT0' cannot be sent" in server.log()
+    assert _pid(server, "faults") == pid
+
+
+def test_an_isolated_models_unsendable_output_leaves_its_worker_running(
+        server: RunningServer) -> None:
+    pid = _pid(server, "isolated")
+    reply = _run(server, "isolated", 4)
+    assert reply.status == 500, reply.body
+    assert "worker process died" not in reply.error
+    assert _pid(server, "isolated") == pid
