@@ -31,7 +31,7 @@ from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
 from serval.backends.isolated_stream import StreamingIsolatedBackend
 from serval.backends.model_code import MODEL_EXITS, model_exception, unload_instance
-from serval.backends.python_stream import GeneratorModel
+from serval.backends.python_stream import GeneratorModel, declared_output
 from serval.backends.triton_python import CLASS_NAME as TRITON_CLASS_NAME
 from serval.backends.triton_python import (
     defines_triton_model,
@@ -120,6 +120,7 @@ class PythonModel:
         self._name, self._instance = name, instance
         self._metadata, self._size_bytes = metadata, size_bytes
         self._names = [spec.name for spec in metadata.outputs]
+        self._datatypes = {spec.name: spec.datatype for spec in metadata.outputs}
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -138,7 +139,8 @@ class PythonModel:
                 else type(outputs).__name__
             raise ModelFailed(f"model '{self._name}': infer() must return a dict with "
                               f"{shown(self._names, 200)}, got {got}")
-        return {name: outputs[name] for name in self._names}
+        return {name: declared_output(self._name, name, self._datatypes[name], outputs[name],
+                                      "returned") for name in self._names}
 
     def memory_bytes(self) -> int:
         return self._size_bytes

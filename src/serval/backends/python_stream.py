@@ -83,25 +83,28 @@ class GeneratorModel:
         return {name: self._declared(name, outputs[name]) for name in self._names}
 
     def _declared(self, name: str, value: Any) -> Any:
-        """An output as its config declares it: a yielded list, string or None reached the
-        encoders (an internal error, a traceback), an FP64 array went out as FP64 to clients
-        told INT32."""
-        declared = self._datatypes[name]
-        try:
-            datatype = v2_datatype(value.dtype) if isinstance(value, np.ndarray) else None
-        except ValueError:
-            datatype = None
-        if datatype != declared:
-            got = f"{datatype} array" if datatype else type(value).__name__
-            raise ModelFailed(f"model '{self._name}': infer() yielded output '{name}' as a "
-                              f"{got}; its config says a numpy array of {declared}")
-        if declared == "BYTES" and value.dtype.kind != "O":
-            return value.astype(np.object_)
-        return value
+        return declared_output(self._name, name, self._datatypes[name], value, "yielded")
 
     def unload(self) -> None:
         self._parked.stop()
         unload_instance(self._name, self._instance)
+
+
+def declared_output(model: str, name: str, declared: str, value: Any, verb: str) -> Any:
+    """An output as its config declares it (BYTES as an object array), or ModelFailed: a
+    list, string or None reached the encoders (an internal error, a traceback), an FP64 array
+    went out as FP64 to clients told FP32, an object array as BYTES."""
+    try:
+        datatype = v2_datatype(value.dtype) if isinstance(value, np.ndarray) else None
+    except ValueError:
+        datatype = None
+    if datatype != declared:
+        got = f"{datatype} array" if datatype else type(value).__name__
+        raise ModelFailed(f"model '{model}': infer() {verb} output '{name}' as a {got}; its "
+                          f"config says a numpy array of {declared}")
+    if declared == "BYTES" and value.dtype.kind != "O":
+        return value.astype(np.object_)
+    return value
 
 
 class _Running:

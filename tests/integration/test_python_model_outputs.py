@@ -1,0 +1,67 @@
+"""A Serval Python model (`class Model`) whose infer() returns an output other than its config
+declares, against a real server: refused (500 naming the output and the declared datatype),
+never served to clients as a datatype its metadata does not give, in process or in a worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import infer
+from tests.triton_python_models import write
+
+pytestmark = pytest.mark.integration
+Factory = Callable[..., RunningServer]
+
+CONFIG = """\
+backend: python
+max_batch_size: 4
+inputs: [{name: X, datatype: FP32, dims: [2]}]
+outputs: [{name: Y, datatype: FP32, dims: [2]}]
+"""
+
+# the input's first value picks what infer() returns for Y
+MODEL = """
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        pass
+
+    def infer(self, inputs):
+        x = inputs["X"]
+        kind = int(x[0, 0])
+        if kind == 1:
+            return {"Y": x.astype(np.float64)}
+        if kind == 2:
+            return {"Y": x.tolist()}
+        if kind == 3:
+            return {"Y": np.zeros(x.shape, np.uint8)}
+        return {"Y": x}
+"""
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root: Path = tmp_path_factory.mktemp("python-outputs")
+    write(root, "inproc", MODEL, CONFIG)
+    write(root, "worker", MODEL, CONFIG + "isolation: process\n")
+    return server_factory(root, "--allow-python-models")
+
+
+@pytest.mark.parametrize("model", ["inproc", "worker"])
+@pytest.mark.parametrize(("kind", "got"), [(1, "FP64 array"), (2, "list"), (3, "UINT8 array")])
+def test_an_output_of_another_datatype_is_refused_not_served(
+        server: RunningServer, model: str, kind: int, got: str) -> None:
+    reply = infer(server.url, model, {"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [float(kind), 2.0]}]})
+    assert reply.status == 500, reply.body
+    assert f"output 'Y' as a {got}; its config says a numpy array of FP32" in server.log()
+    ok = infer(server.url, model, {"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [0.0, 2.0]}]})
+    assert ok.status == 200, ok.body
+    assert ok.json()["outputs"][0]["datatype"] == "FP32"
