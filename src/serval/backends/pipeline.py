@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from serval.backends.base import ModelMetadata, ModelVersionSpec, ServeContext, Served
 from serval.backends.declared import declared_metadata
@@ -26,7 +27,8 @@ from serval.errors import (
     ServerUnavailable,
 )
 from serval.model_config import PipelineStep
-from serval.protocol.types import InferRequest, RequestedOutput, TensorDict
+from serval.protocol.dtypes import v2_datatype
+from serval.protocol.types import InferRequest, RequestedOutput, TensorDict, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,22 @@ class Pipeline:
                                           time.perf_counter_ns() - started_ns)
             for step_output, tensor in step.outputs.items():
                 tensors[tensor] = response.outputs[step_output]
-        return {spec.name: tensors[spec.name] for spec in self.metadata.outputs}
+        return {spec.name: self._declared(spec, tensors[spec.name])
+                for spec in self.metadata.outputs}
+
+    def _declared(self, spec: TensorSpec, array: Any) -> Any:
+        """An output of the datatype the pipeline's config declares; else a 500 (the log
+        says which): a step's INT32 went out to clients told FP32."""
+        try:
+            datatype = v2_datatype(array.dtype)
+        except (AttributeError, ValueError):
+            datatype = type(array).__name__
+        if datatype == spec.datatype:
+            return array
+        error = BackendError(f"pipeline '{self.name}': output '{spec.name}' is {datatype} "
+                             f"from its step, its config says {spec.datatype}")
+        error.public_message = f"pipeline '{self.name}' failed to run the request"
+        raise error
 
 
 def check_wiring(steps: tuple[PipelineStep, ...], metadata: ModelMetadata, where: str) -> None:

@@ -1,0 +1,83 @@
+"""Triton ensembles whose steps do not agree with the ensemble's config, against a real
+server: a step whose output is not the datatype the ensemble declares is a 500 (the log says
+which), never a 200 whose datatype the ensemble's metadata does not give."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import infer
+from tests.triton_python_models import write
+
+pytestmark = pytest.mark.integration
+Factory = Callable[..., RunningServer]
+
+STEP_CONFIG = """\
+backend: python
+max_batch_size: 8
+inputs: [{{name: X, datatype: FP32, dims: [-1]}}]
+outputs: [{{name: Y, datatype: {out}, dims: [-1]}}]
+"""
+
+STEP = """
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        pass
+
+    def infer(self, inputs):
+        return {{"Y": (inputs["X"] * 2).astype(np.{dtype})}}
+"""
+
+ENSEMBLE = """\
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "double" model_version: -1
+     input_map {{ key: "X" value: "IN" }} output_map {{ key: "Y" value: "mid" }} }},
+  {{ model_name: "{last}" model_version: -1
+     input_map {{ key: "X" value: "mid" }} output_map {{ key: "Y" value: "OUT" }} }}
+] }}
+"""
+
+
+def _ensemble(root: Path, name: str, last: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, last=last))
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root: Path = tmp_path_factory.mktemp("ensembles")
+    write(root, "double", STEP.format(dtype="float32"), STEP_CONFIG.format(out="FP32"))
+    write(root, "to_int", STEP.format(dtype="int32"), STEP_CONFIG.format(out="INT32"))
+    _ensemble(root, "chain", "double")
+    _ensemble(root, "int_out", "to_int")
+    return server_factory(root, "--allow-python-models")
+
+
+IN = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
+
+
+def test_a_chain_whose_steps_agree_answers(server: RunningServer) -> None:
+    reply = infer(server.url, "chain", IN)
+    assert reply.status == 200, reply.body
+    assert reply.json()["outputs"][0] == {"name": "OUT", "datatype": "FP32", "shape": [1, 2],
+                                          "data": [4.0, 8.0]}
+
+
+def test_a_step_output_of_another_datatype_than_declared_is_not_served(
+        server: RunningServer) -> None:
+    reply = infer(server.url, "int_out", IN)
+    assert reply.status == 500, reply.body
+    assert reply.error.startswith("pipeline 'int_out' failed to run the request")
+    assert "output 'OUT' is INT32 from its step, its config says FP32" in server.log()
