@@ -1,15 +1,18 @@
 """Triton's statistics extension over both transports, built a slice of models at a time.
 
 Every model (`/v2/models/stats`, gRPC ModelStatistics with no name) is thousands of entries on
-a large repository: the answer is built CHUNK models at a time, with the event loop free
-between slices, so a client asking for it again and again cannot hold health probes and other
-requests behind it. The gRPC answer is built as messages directly (json_format.ParseDict took
-~1 s of the loop for 10,000 models).
+a large repository (~400 bytes each): the answer is built CHUNK models at a time with the event
+loop free between slices, so a client asking for it again and again cannot hold health probes
+and other requests behind it. Over HTTP the slices go out as they are made, at the pace the
+client reads (`statistics_chunks`), so a client that asks on many connections and reads
+nothing holds a write buffer each, not a whole document (4 MB for 10,000 models). The gRPC
+answer is built as messages directly (json_format.ParseDict took ~1 s of the loop for 10,000).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -21,17 +24,23 @@ CHUNK = 128  # models per slice: ~1-2 ms of the loop each
 _PROTO_FIELDS = frozenset(pb.ModelStatistics.DESCRIPTOR.fields_by_name)
 
 
-async def statistics_json(dataplane: DataPlane, name: str | None = None,
-                          version: str | None = None) -> bytes:
-    """The statistics document (Triton's JSON form) as bytes."""
-    if name:  # one model: its few versions
-        return orjson.dumps(dataplane.statistics(name, version))
-    parts = []
-    for index, served in enumerate(list(dataplane.registry.all_models())):
-        if index and index % CHUNK == 0:
+def statistics_json(dataplane: DataPlane, name: str, version: str | None = None) -> bytes:
+    """One model's statistics document (its few versions), Triton's JSON form."""
+    return orjson.dumps(dataplane.statistics(name, version))
+
+
+async def statistics_chunks(dataplane: DataPlane) -> AsyncGenerator[bytes, None]:
+    """Every model's statistics document, in pieces that join to it (Triton's JSON form).
+    Each model's figures are read when its slice is made."""
+    models = list(dataplane.registry.all_models())
+    opening = b'{"model_stats":['
+    for start in range(0, len(models), CHUNK):
+        if start:
             await asyncio.sleep(0)
-        parts.append(orjson.dumps(served.stats.as_triton_dict()))
-    return b'{"model_stats":[' + b",".join(parts) + b"]}"
+        entries = b",".join(orjson.dumps(served.stats.as_triton_dict())
+                            for served in models[start:start + CHUNK])
+        yield (opening if not start else b",") + entries
+    yield (opening if not models else b"") + b"]}"
 
 
 async def statistics_message(dataplane: DataPlane, name: str | None = None,

@@ -34,7 +34,7 @@ from serval.server.http.shm_routes import is_shared_memory_path, shared_memory_r
 from serval.server.http.streamed import StreamedReply
 from serval.server.http.ui.routes import StatusRoutes
 from serval.server.http.ui.status import ServerStatus
-from serval.server.statistics import statistics_json
+from serval.server.statistics import statistics_chunks, statistics_json
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class HttpApp:
                 return self.auth.check(bearer(_authorization(headers)), *needed)
         return ANONYMOUS
 
-    async def _server_route(self, method: str, parts: list[str]) -> Reply:
+    async def _server_route(self, method: str, parts: list[str]) -> Reply | StreamedReply:
         if method != "GET":
             if parts not in _SERVER_PATHS:  # no such route (e.g. an extension not served)
                 return _not_found(method, "/v2/" + "/".join(parts))
@@ -131,8 +131,9 @@ class HttpApp:
         if parts == ["health", "ready"]:
             reason = self.dataplane.not_ready_reason()
             return (503, error_body(reason), list(JSON_HEADERS)) if reason else _status_only(200)
-        if parts == ["models", "stats"]:
-            return 200, await statistics_json(self.dataplane), list(JSON_HEADERS)
+        if parts == ["models", "stats"]:  # every model's: sent as made, at the client's pace
+            chunks = statistics_chunks(self.dataplane)
+            return StreamedReply(200, list(JSON_HEADERS), await anext(chunks), chunks)
         if parts == ["openapi.json"]:
             return _json(openapi_document())
         return _not_found(method, "/v2/" + "/".join(parts))
@@ -176,7 +177,7 @@ class HttpApp:
         if action == "config":
             return _json(await self.dataplane.model_config(name, version))
         if action == "stats":
-            return 200, await statistics_json(self.dataplane, name, version), list(JSON_HEADERS)
+            return 200, statistics_json(self.dataplane, name, version), list(JSON_HEADERS)
         return _json(await self.dataplane.model_metadata(name, version))
 
     async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:

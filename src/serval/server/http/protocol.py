@@ -270,7 +270,8 @@ class HttpProtocol(RequestReader):
                 keep_alive = item.keep_alive and not self.closing
                 if isinstance(reply, StreamedReply):
                     keep_alive = keep_alive and not item.http10  # 1.0: ends at the close
-                    if not await self._stream(reply, keep_alive, not item.http10):
+                    if not await self._stream(reply, keep_alive, not item.http10,
+                                              item.method == "HEAD"):
                         return  # the client went away mid-answer
                 else:
                     if reply[0] == 429:
@@ -298,14 +299,17 @@ class HttpProtocol(RequestReader):
                 self.continue_owed = False
                 self._send_continue()
 
-    async def _stream(self, reply: StreamedReply, keep_alive: bool, chunked: bool) -> bool:
+    async def _stream(self, reply: StreamedReply, keep_alive: bool, chunked: bool,
+                      head: bool = False) -> bool:
         """Write an answer as its pieces come (chunked, or as is to an HTTP/1.0 client, which
         the close then ends), no faster than the client reads; False when the connection
-        closed first (the pieces' maker is stopped)."""
+        closed first (the pieces' maker is stopped). `head`: the head alone (HEAD)."""
         async with contextlib.aclosing(reply.rest) as rest:
             assert self.transport is not None
             self.transport.write(encode_stream_head(reply.status, reply.headers, keep_alive,
                                                     self.server_lines, chunked))
+            if head:
+                return True
             data = reply.first
             while True:
                 if self.transport is None:
