@@ -23,7 +23,7 @@ backend: pytorch
 max_batch_size: {batch}
 batching: {{max_queue_delay_ms: 10000}}
 inputs: [{{name: X, datatype: {datatype}, dims: [-1]}}]
-outputs: [{{name: Y, datatype: FP32, dims: {out}}}]
+outputs: [{{name: Y, datatype: {out_datatype}, dims: {out}}}]
 """
 
 
@@ -45,6 +45,11 @@ class Linear(torch.nn.Module):
         return self.layer(x)
 
 
+class ArgMax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.argmax(dim=1)  # int64
+
+
 def _save(root: Path, name: str, module: torch.nn.Module, config: str) -> None:
     folder = root / name / "1"
     folder.mkdir(parents=True)
@@ -55,9 +60,14 @@ def _save(root: Path, name: str, module: torch.nn.Module, config: str) -> None:
 @pytest.fixture(scope="module")
 def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root = tmp_path_factory.mktemp("torch-attacks")
-    _save(root, "embed", Embed(), CONFIG.format(batch=2, datatype="INT64", out="[-1, 4]"))
-    _save(root, "linear", Linear(), CONFIG.format(batch=1, datatype="FP32", out="[2]"))
-    _save(root, "wrong_dtype", Linear(), CONFIG.format(batch=1, datatype="FP64", out="[2]"))
+    _save(root, "embed", Embed(), CONFIG.format(batch=2, datatype="INT64", out="[-1, 4]",
+                                                out_datatype="FP32"))
+    one = {"batch": 1, "out": "[2]", "out_datatype": "FP32"}
+    _save(root, "linear", Linear(), CONFIG.format(datatype="FP32", **one))
+    _save(root, "wrong_dtype", Linear(), CONFIG.format(datatype="FP64", **one))
+    as_int = {"batch": 1, "out": "[]", "out_datatype": "INT32", "datatype": "FP32"}
+    _save(root, "argmax", ArgMax(), CONFIG.format(**as_int))
+    _save(root, "float_as_int", Linear(), CONFIG.format(**{**as_int, "out": "[2]"}))
     return server_factory(root)
 
 
@@ -97,3 +107,12 @@ def test_a_config_whose_dtype_the_program_refuses_stays_a_server_error(
     reply = infer(server.url, "wrong_dtype", {"inputs": [
         {"name": "X", "datatype": "FP64", "shape": [1, 4], "data": [1.0, 2.0, 3.0, 4.0]}]})
     assert reply.status == 500, reply.body  # the config's fault, not the client's
+
+
+def test_an_output_of_another_datatype_than_declared_is_not_served(
+        server: RunningServer) -> None:
+    for model, made in (("argmax", "int64"), ("float_as_int", "float32")):
+        reply = infer(server.url, model, {"inputs": [
+            {"name": "X", "datatype": "FP32", "shape": [1, 4], "data": [1.0, 5.0, 3.0, 2.0]}]})
+        assert reply.status == 500, reply.body
+        assert f"output 'Y' is {made}, its config declares INT32" in server.log()

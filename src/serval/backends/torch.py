@@ -21,9 +21,9 @@ from serval.backends.base import (
 )
 from serval.backends.declared import declared_metadata
 from serval.backends.engine import EngineBackend
-from serval.errors import ConfigError, EngineRejectedInput
+from serval.errors import BackendError, ConfigError, EngineRejectedInput
 from serval.protocol.dtypes import numpy_dtype
-from serval.protocol.types import TensorDict
+from serval.protocol.types import TensorDict, TensorSpec
 
 MODEL_FILES = ("model.pt", "model.pt2")
 _PRECISIONS = {"fp16": "float16", "bf16": "bfloat16"}
@@ -97,8 +97,7 @@ class TorchModel:
         if len(results) != len(self._metadata.outputs):
             raise ConfigError(f"the program returned {len(results)} outputs; config.yaml "
                               f"declares {len(self._metadata.outputs)}")
-        return {spec.name: result.detach().float().cpu().numpy().astype(dtype, copy=False)
-                if result.is_floating_point() else result.detach().cpu().numpy()
+        return {spec.name: _output(spec, result, dtype)
                 for spec, result, dtype in zip(self._metadata.outputs, results,
                                                self._output_dtypes, strict=True)}
 
@@ -113,6 +112,20 @@ class TorchModel:
 
     def unload(self) -> None:
         self._program = None
+
+
+def _output(spec: TensorSpec, result: Any, dtype: np.dtype) -> np.ndarray:
+    """A floating output in the declared float type (fp16 programs serve FP32); any other as
+    the program made it, which must be the declared type (an int64 went out as INT64 to
+    clients told INT32, a float was cut to INT32): else a 500 naming it."""
+    if result.is_floating_point() and dtype.kind == "f":
+        array: np.ndarray = result.detach().float().cpu().numpy().astype(dtype, copy=False)
+        return array
+    array = result.detach().cpu().numpy()
+    if array.dtype != dtype:
+        raise BackendError(f"the program's output '{spec.name}' is {array.dtype}, its config "
+                           f"declares {spec.datatype}")
+    return array
 
 
 # what torch raises when the input's sizes or values do not fit the program (the config's -1
