@@ -97,6 +97,14 @@ def encode_response(response: InferResponse, request: InferRequest) -> tuple[byt
     return b"".join([header, *chunks]), len(header)
 
 
+def json_elements(response: InferResponse, request: InferRequest) -> int:
+    """How many elements encode_response would write as JSON (what its cost grows with)."""
+    binary_by_name = _binary_choices(request)
+    return sum(array.size for name, array in response.outputs.items()
+               if name not in response.shared_memory_outputs
+               and not binary_by_name.get(name, request.binary_output))
+
+
 class _BinarySection:
     """The bytes after the JSON header, handed out in input order; and whether the header
     holds a JSON true or false anywhere (only then may a number numpy read be a boolean in

@@ -132,6 +132,7 @@ async def close_stack(stack: ServingStack, grace_s: float = GRACEFUL_SHUTDOWN_S)
         log.warning("shutting down with work unfinished: a model did not finish its queued "
                     "or running requests in time", extra={"exit_timeout_s": grace_s})
     await stack.registry.close()
+    stack.app.close()  # its JSON coding process
     stack.dataplane.tracer.close()  # traces still waiting go to the trace file
     if stack.dataplane.shared_memory is not None:  # every client region unmapped
         released = stack.dataplane.shared_memory.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import logging
@@ -18,7 +19,8 @@ from serval.auth import ANONYMOUS, Action, Token, TokenStore, act_as, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError, shown
-from serval.protocol.rest_codec import decode_request, encode_response, json_object
+from serval.protocol.rest_codec import json_object
+from serval.server.http.codec_process import LARGE_COMPRESSED_BYTES, CodecProcess
 from serval.server.http.errors import (
     JSON_HEADERS,
     BodyTooLarge,
@@ -57,6 +59,10 @@ class HttpApp:
         self.metrics = metrics
         self.auth = auth  # None: no authentication
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
+        self.codec = CodecProcess()  # large JSON tensors, off the event loop
+
+    def close(self) -> None:
+        self.codec.close()
 
     async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
                      query: str = "", authorized: Token | None = None
@@ -213,10 +219,14 @@ class HttpApp:
         own_timeout = (deadline_ns is None and self.dataplane.default_timeout_ns > 0
                        and may_set_timeout(body, header_length, encoding))  # else moot
         self.dataplane.admit(name, version, deadline_ns, own_timeout)
-        request = decode_request(_decompress(body, encoding, self.max_body_bytes),
-                                 header_length)
+        if encoding not in (b"", b"identity") and len(body) > LARGE_COMPRESSED_BYTES:
+            # zlib lets go of the GIL: on a thread, inflating leaves the loop to the others
+            body = await asyncio.to_thread(_decompress, body, encoding, self.max_body_bytes)
+        else:
+            body = _decompress(body, encoding, self.max_body_bytes)
+        request = await self.codec.decode(body, header_length)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
-        payload, json_length = encode_response(response, request)
+        payload, json_length = await self.codec.encode(response, request)
         if json_length is None:
             return 200, payload, list(JSON_HEADERS)
         return 200, payload, [

@@ -1,0 +1,80 @@
+"""REST bodies too large to code on the event loop: JSON tensors coded in a helper process.
+
+orjson and numpy hold the GIL while they parse, convert and write, so a thread would not free
+the loop: 13.6 MB of JSON numbers held it 0.27 s to decode, and 4M float outputs asked for
+as JSON 0.31 s to encode, while every other request and health probe waited. A body whose
+JSON part is over LARGE_JSON_BYTES is therefore decoded, and an answer with more than
+LARGE_JSON_ELEMENTS elements to write as JSON is encoded, in one helper process (spawned at
+the first such request, replaced if it dies): the loop pays only for handing the bytes over
+and back. Requests wait their turn for it (the receive budget bounds what waits). Everything
+smaller, and all binary tensors, are coded on the loop as before. A compressed body over
+LARGE_COMPRESSED_BYTES is inflated on a thread (zlib lets go of the GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
+
+from serval.errors import ServerUnavailable
+from serval.protocol.rest_codec import decode_request, encode_response, json_elements
+from serval.protocol.types import InferRequest, InferResponse
+
+LARGE_JSON_BYTES = 1 << 20  # ~20 ms of the loop to decode
+LARGE_JSON_ELEMENTS = 1 << 18  # ~20 ms of the loop to encode
+LARGE_COMPRESSED_BYTES = 1 << 16
+T = TypeVar("T")
+
+
+class CodecProcess:
+    """The helper process, started on first need."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def decode(self, body: bytes, header_length: int | None) -> InferRequest:
+        json_bytes = len(body) if header_length is None else min(header_length, len(body))
+        if json_bytes <= LARGE_JSON_BYTES:
+            return decode_request(body, header_length)
+        return await self._run(decode_request, body, header_length)
+
+    async def encode(self, response: InferResponse, request: InferRequest
+                     ) -> tuple[bytes, int | None]:
+        if json_elements(response, request) <= LARGE_JSON_ELEMENTS:
+            return encode_response(response, request)
+        asked = InferRequest({}, request.outputs, binary_output=request.binary_output)
+        return await self._run(encode_response, response, asked)  # not the inputs, nor a trace
+
+    async def _run(self, work: Callable[..., T], *args: object) -> T:
+        pool = self._started()
+        try:
+            future = pool.submit(work, *args)
+        except BrokenProcessPool:  # it died while idle: this request starts a fresh one
+            pool = self._replaced(pool)
+            future = pool.submit(work, *args)
+        try:
+            return await asyncio.wrap_future(future)
+        except BrokenProcessPool:
+            self._replaced(pool)
+            raise ServerUnavailable("the server's JSON coding process stopped while coding "
+                                    "this request; retry") from None
+
+    def _started(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def _replaced(self, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        broken.shutdown(wait=False, cancel_futures=True)
+        if self._pool is broken:
+            self._pool = None
+        return self._started()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,114 @@
+"""Large JSON tensors on a real server: decoded and encoded in the helper process, so the
+event loop goes on answering others (a liveness probe) while they are coded; the answers and
+the errors are those the loop would give; a helper process that dies is replaced."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+
+from tests import fixture_models
+from tests.conftest import RunningServer
+from tests.integration.http_helpers import call
+from tests.integration.test_observability_attacks import LiveProbes
+
+pytestmark = pytest.mark.integration
+ROWS = 100_000  # X: FP32 [ROWS, 16], 1.6M numbers (~14 MB as JSON)
+
+
+@pytest.fixture(scope="module")
+def doubling(server_factory: Callable[..., RunningServer],
+             tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    root = tmp_path_factory.mktemp("large-json")
+    fixture_models.double(root, config="max_batch_size: 0\n")
+    return server_factory(root)
+
+
+def _body(x: np.ndarray, binary_output: bool = False) -> bytes:
+    return orjson.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": list(x.shape),
+                                     "data": x.ravel().tolist()}],
+                         "parameters": {"binary_data_output": binary_output}})
+
+
+def _x(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((ROWS, 16), dtype=np.float32)
+
+
+def test_large_json_requests_leave_the_loop_to_others(doubling: RunningServer) -> None:
+    """Decoding 1.6M JSON numbers and encoding 1.6M back held the event loop ~0.5 s a
+    request, and a /v2/health/live probe waited as long; in the helper process they are
+    coded while the probes are answered (the longest wait ~0.03 s)."""
+    x = _x(1)
+    body = _body(x)
+    waits = []
+    with LiveProbes(doubling) as probes:
+        for _ in range(3):
+            start = time.perf_counter()
+            reply = call(doubling.url, "POST", "/v2/models/double/infer", body)
+            end = time.perf_counter()
+            assert reply.status == 200, reply.body[:300]
+            waits.append(max(answered - sent for sent, answered in probes.times
+                             if answered > start and sent < end))
+    print("longest live probe during each request (s):", waits)
+    [output] = orjson.loads(reply.body)["outputs"]
+    assert output["shape"] == [ROWS, 16] and output["datatype"] == "FP32"
+    np.testing.assert_array_equal(np.asarray(output["data"], np.float32), (x * 2).ravel())
+    assert min(waits) < 0.15
+
+
+def test_answers_and_errors_are_those_of_the_loop(doubling: RunningServer) -> None:
+    x = _x(2)
+    client = httpclient.InferenceServerClient(doubling.url)
+    request = httpclient.InferInput("X", list(x.shape), "FP32")
+    request.set_data_from_numpy(x, binary_data=False)  # a large JSON body
+    for binary in (True, False):
+        wanted = httpclient.InferRequestedOutput("Y", binary_data=binary)
+        result = client.infer("double", [request], outputs=[wanted])
+        np.testing.assert_array_equal(result.as_numpy("Y"), x * 2)
+    compressed = gzip.compress(_body(x, binary_output=True), 1)  # inflated on a thread
+    reply = call(doubling.url, "POST", "/v2/models/double/infer", compressed,
+                 {"Content-Encoding": "gzip"})
+    assert reply.status == 200, reply.body[:300]
+    json_length = int(reply.headers["inference-header-content-length"])
+    np.testing.assert_array_equal(
+        np.frombuffer(reply.body[json_length:], np.float32).reshape(ROWS, 16), x * 2)
+    # a null at the end of 1.6M numbers: named, with its index, as on the loop
+    data = x.ravel().tolist()
+    data[-1] = None
+    bad = orjson.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [ROWS, 16],
+                                    "data": data}]})
+    refused = call(doubling.url, "POST", "/v2/models/double/infer", bad)
+    assert refused.status == 400, refused.body[:300]
+    assert refused.error == ("input 'X': FP32 data must be numbers, got None (element "
+                             f"{ROWS * 16 - 1})")
+
+
+def _coder_pids(server: RunningServer) -> list[int]:
+    """The server's helper processes (multiprocessing's spawned children)."""
+    children = subprocess.run(["pgrep", "-P", str(server.process.pid)], capture_output=True,
+                              text=True).stdout.split()
+    return [int(pid) for pid in children
+            if b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_helper_process_that_died_is_replaced(doubling: RunningServer) -> None:
+    x = _x(3)
+    body = _body(x, binary_output=True)
+    assert call(doubling.url, "POST", "/v2/models/double/infer", body).status == 200
+    [coder] = _coder_pids(doubling)
+    os.kill(coder, signal.SIGKILL)
+    for _ in range(2):  # the first finds it gone and starts another
+        reply = call(doubling.url, "POST", "/v2/models/double/infer", body)
+        assert reply.status == 200, reply.body[:300]
+    assert _coder_pids(doubling) not in ([], [coder])
