@@ -91,7 +91,8 @@ class ModelStats:
         self.cache_hit = Duration()  # the response cache: lookups that answered
         self.cache_miss = Duration()  # lookups that did not, and the insert after the run
         self.outcomes: dict[str, int] = {}
-        self.requests = 0  # all outcomes: what ranks models for per-model metric series
+        self.requests = 0  # all outcomes, refusals too: what ranks models for metric series
+        # and what the status page counts (request_seconds.count leaves refusals out)
         self.batches: dict[int, BatchStats] = {}
         self.steps: dict[str, Duration] = {}  # pipelines: time in each step, by step name
         self.request_seconds = Histogram(LATENCY_BUCKETS_S)
@@ -127,6 +128,7 @@ class ModelStats:
         self.request_seconds.observe(duration_ns * 1e-9)
         if self.totals is not None:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
+            self.totals.requests += 1
             self.totals.request_seconds.observe(duration_ns * 1e-9)
 
     def record_refusal(self, outcome: str) -> None:
@@ -137,6 +139,7 @@ class ModelStats:
         self.fail.add(0)
         if self.totals is not None:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
+            self.totals.requests += 1
 
     def record_step(self, step: str, duration_ns: int) -> None:
         """A pipeline step finished (successfully or not) after duration_ns."""

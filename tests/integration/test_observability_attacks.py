@@ -18,7 +18,7 @@ import tritonclient.http as triton_http
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer, metric
+from tests.integration.http_helpers import call, infer, metric, occupy
 
 pytestmark = pytest.mark.integration
 X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
@@ -217,3 +217,36 @@ def test_the_agent_weight_falls_when_the_receive_budget_is_held(
         assert time.monotonic() < deadline, "the budget was never released"
         time.sleep(0.01)
     assert _ask_agent(server.agent_port) == b"up ready 100%\n"
+
+
+def test_the_status_page_counts_requests_refused_for_overload(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """Requests refused at admission (429: the queue ahead would miss their deadline) were
+    counted by /metrics (outcome="overloaded") but not by the status page, whose requests and
+    errors came from the latency histogram: a flood of 429s read as no errors at all. They
+    count as requests and errors now (and stay out of the latency percentiles)."""
+    fixture_models.slow(tmp_path)
+    (tmp_path / "slow" / "config.yaml").write_text("max_batch_size: 128\n")
+    server = server_factory(tmp_path)
+    big = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [128, 1024],
+                                    "data": [0.01] * (128 * 1024)}]})
+    one_row = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1024],
+                                        "data": [0.1] * 1024}]})
+    for _ in range(2):  # the model's batch times, measured
+        assert call(server.url, "POST", "/v2/models/slow/infer", big).status == 200
+    refused = 0
+    blocker = occupy(server.url, "slow", big)
+    for _ in range(5):
+        reply = call(server.url, "POST", "/v2/models/slow/infer", one_row,
+                     {"Serval-Timeout-Ms": "5"})
+        refused += reply.status == 429
+    blocker.join(timeout=60)
+    assert refused == 5
+    assert metric(server.url, 'serval_requests_total{model="slow",outcome="overloaded",'
+                  'version="1"}') == 5
+    summary = call(server.url, "GET", "/status").json()
+    assert (summary["requests_total"], summary["errors_total"]) == (8, 5)
+    row = call(server.url, "GET", "/status/models").json()["models"][0]
+    assert row["name"] == "slow" and row["requests_total"] == 8
+    detail = call(server.url, "GET", "/status/models/slow").json()
+    assert detail["versions"][0]["requests_total"] == 8

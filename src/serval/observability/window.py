@@ -23,7 +23,7 @@ class Snapshot:
     """One ModelStats' cumulative counters at one instant (t_s: monotonic seconds)."""
 
     t_s: float
-    requests: int
+    requests: int  # every outcome, requests refused at admission too
     successes: int
     executions: int
     inferences: int
@@ -36,7 +36,7 @@ class Snapshot:
     @classmethod
     def of(cls, stats: ModelStats, t_s: float) -> Snapshot:
         request, queue, compute = stats.request_seconds, stats.queue_seconds, stats.compute_seconds
-        return cls(t_s, request.count, stats.outcomes.get("success", 0), stats.execution_count,
+        return cls(t_s, stats.requests, stats.outcomes.get("success", 0), stats.execution_count,
                    stats.inference_count, tuple(request.counts), queue.sum, queue.count,
                    compute.sum, compute.count)
 
@@ -132,7 +132,7 @@ class VersionWindow:
     def poll(self, t_s: float, previous_t_s: float) -> int:
         """Requests since the last poll (also > 0 for executions only); cheap when idle."""
         stats = self.stats
-        requests, executions = stats.request_seconds.count, stats.execution_count
+        requests, executions = stats.requests, stats.execution_count
         moved = requests - self.seen_requests
         if moved == 0 and executions == self.seen_executions:
             if self.marks is None:
@@ -185,7 +185,7 @@ class VersionWindow:
         baseline = self._baseline(t_s)
         if baseline is None:
             return 0.0
-        return (self.stats.request_seconds.count - baseline.requests) / (t_s - baseline.t_s)
+        return (self.stats.requests - baseline.requests) / (t_s - baseline.t_s)
 
     def series(self, since_t_s: float) -> list[Rates]:
         return [p for p in self.points or () if p.t_s >= since_t_s]

@@ -149,7 +149,7 @@ class ServerStatus:
             by_state[served.state.value] = by_state.get(served.state.value, 0) + 1
             names.add(served.name)
         live = registry.totals
-        requests, successes = live.request_seconds.count, live.outcomes.get("success", 0)
+        requests, successes = live.requests, live.outcomes.get("success", 0)  # 429s too
         return {
             "server": {"name": "serval", "version": __version__, "pid": os.getpid(),
                        "uptime_s": round(self._clock() - self.started_t_s, 1),
@@ -252,7 +252,7 @@ class ServerStatus:
             "p50_ms": round(max(p50s), 4) if p50s else None,
             "p99_ms": round(max(p99s), 4) if p99s else None,
             "batch_mean": round(batch / executions, 3) if executions else None,
-            "requests_total": sum(s.stats.request_seconds.count for s in versions),
+            "requests_total": sum(s.stats.requests for s in versions),
         }
 
     def _version(self, served: ServedModel) -> dict[str, Any]:
@@ -260,7 +260,7 @@ class ServerStatus:
         return {"version": served.version, "state": served.state.value, "reason": served.reason,
                 "resident_bytes": served.memory_bytes, "in_flight": served.in_flight,
                 "queued": served.pending_requests,
-                "requests_total": served.stats.request_seconds.count,
+                "requests_total": served.stats.requests,
                 "recent": self._rates(recent)}
 
     def _rates(self, rates: Rates | None) -> dict[str, Any]:
