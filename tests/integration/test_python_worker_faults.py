@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import Reply, infer
+from tests.integration.http_helpers import Reply, call, infer
 from tests.triton_python_models import write
 
 pytestmark = pytest.mark.integration
@@ -77,6 +77,26 @@ class Model:
 '''
 
 
+# initialize() leaves a thread running (not a daemon: the worker's exit would wait for it) and
+# fails: the load must end all the same
+THREAD_THEN_FAIL = '''
+import os
+import threading
+import time
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        (Path(args["model_repository"]) / "worker.pid").write_text(str(os.getpid()))
+        threading.Thread(target=time.sleep, args=(100000,)).start()
+        raise RuntimeError("cannot initialize")
+
+    def execute(self, requests):
+        return []
+'''
+
+
 @pytest.fixture(scope="module")
 def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root: Path = tmp_path_factory.mktemp("worker-faults")
@@ -133,3 +153,15 @@ def test_an_isolated_models_unsendable_output_leaves_its_worker_running(
     assert reply.status == 500, reply.body
     assert "worker process died" not in reply.error
     assert _pid(server, "isolated") == pid
+
+
+def test_a_failed_initialize_that_left_a_thread_running_ends_its_load(
+        server_factory: Factory, tmp_path: Path) -> None:
+    folder = write(tmp_path, "stuck", THREAD_THEN_FAIL, CONFIG)
+    server = server_factory(tmp_path, "--allow-python-models", "--model-control", "explicit")
+    for _ in range(2):  # a second load too: the first left nothing behind holding the model
+        reply = call(server.url, "POST", "/v2/repository/models/stuck/load")
+        assert reply.status == 400, reply.body
+        assert "cannot initialize" in reply.error
+        pid = int((folder / "worker.pid").read_text())
+        assert not Path(f"/proc/{pid}").exists()  # reaped before the load answered

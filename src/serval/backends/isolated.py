@@ -13,7 +13,6 @@ import logging
 import multiprocessing
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -43,7 +42,15 @@ from serval.backends.pipe_tensors import (
     send_tensors,
     write_tensors,
 )
-from serval.backends.worker_guard import end_group, guard_worker, kill_group, stop_in_background
+from serval.backends.worker_guard import (
+    await_reply,
+    end_group,
+    exit_reason,
+    guard_worker,
+    kill_group,
+    stop_in_background,
+    stop_worker,
+)
 from serval.errors import (
     BackendError,
     ConfigError,
@@ -203,7 +210,7 @@ class IsolatedModel:
         process.start()
         child_conn.close()
         try:
-            reply = _await_reply(parent_conn, process, LOAD_TIMEOUT_S)
+            reply = await_reply(parent_conn, process, LOAD_TIMEOUT_S)
         except (EOFError, OSError, TimeoutError) as exc:
             process.join(timeout=0.5)  # its exit code, when it has exited on its own
             if process.is_alive():
@@ -212,10 +219,9 @@ class IsolatedModel:
             process.join()
             parent_conn.close()
             raise ConfigError(f"{self.label}: its worker process failed while loading "
-                              f"({_exit_reason(process.exitcode)})") from exc
-        if reply[0] != "ready":
-            process.join()
-            kill_group(process)
+                              f"({exit_reason(process.exitcode)})") from exc
+        if reply[0] != "ready":  # a thread its load started may keep it up: killed past 5 s
+            stop_worker(process, STOP_TIMEOUT_S)
             parent_conn.close()
             raise ConfigError(str(reply[1]))
         self._process, self._conn = process, parent_conn
@@ -230,7 +236,7 @@ class IsolatedModel:
         process = self._process
         assert process is not None
         process.join(timeout=STOP_TIMEOUT_S)
-        reason = _exit_reason(process.exitcode)
+        reason = exit_reason(process.exitcode)
         kill_group(process)  # what the model started goes with it
         if self._conn is not None:
             self._conn.close()
@@ -293,27 +299,6 @@ class IsolatedRequestModel:
 
     def unload(self) -> None:
         self.isolated.unload()
-
-
-def _await_reply(conn: Connection, process: BaseProcess, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not conn.poll(0.1):
-        if not process.is_alive() and not conn.poll(0):
-            raise EOFError("the worker process exited")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no answer in {timeout_s} s")
-    return conn.recv()
-
-
-def _exit_reason(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:

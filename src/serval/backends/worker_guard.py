@@ -16,6 +16,7 @@ import threading
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 PARENT_POLL_S = 0.5  # how often a worker looks whether its server is still there
 
@@ -84,3 +85,26 @@ def stop_in_background(process: BaseProcess | None, conn: Connection | None,
     thread = threading.Thread(target=stop, name=f"serval-stop-{name}")
     thread.start()
     return thread
+
+
+def await_reply(conn: Connection, process: BaseProcess, timeout_s: float) -> Any:
+    """The worker's first message, within `timeout_s` (EOFError: it exited without one)."""
+    deadline = time.monotonic() + timeout_s
+    while not conn.poll(0.1):
+        if not process.is_alive() and not conn.poll(0):
+            raise EOFError("the worker process exited")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer in {timeout_s} s")
+    return conn.recv()
+
+
+def exit_reason(exitcode: int | None) -> str:
+    """How a worker ended, in words ("exit code 1", "killed by SIGSEGV")."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
