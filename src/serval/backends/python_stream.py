@@ -91,9 +91,11 @@ class GeneratorModel:
 
 
 def declared_output(model: str, name: str, declared: str, value: Any, verb: str) -> Any:
-    """An output as its config declares it (BYTES as an object array), or ModelFailed: a
-    list, string or None reached the encoders (an internal error, a traceback), an FP64 array
-    went out as FP64 to clients told FP32, an object array as BYTES."""
+    """A copy of an output as its config declares it (BYTES as an object array), or
+    ModelFailed: a list, string or None reached the encoders (an internal error, a traceback),
+    an FP64 array went out as FP64 to clients told FP32, an object array as BYTES. A copy (as
+    Triton copies a response's tensors): a model that fills a buffer of its own and returns it
+    (or a view of it) overwrote one request's answer with the next's before it was sent."""
     try:
         datatype = v2_datatype(value.dtype) if isinstance(value, np.ndarray) else None
     except ValueError:
@@ -104,7 +106,7 @@ def declared_output(model: str, name: str, declared: str, value: Any, verb: str)
                           f"config says a numpy array of {declared}")
     if declared == "BYTES" and value.dtype.kind != "O":
         return value.astype(np.object_)
-    return value
+    return np.array(value, copy=True)
 
 
 class _Running:
