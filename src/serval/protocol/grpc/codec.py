@@ -12,6 +12,7 @@ from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
 from serval.protocol.classification import class_count
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.grpc import grpc_service_pb2 as pb
+from serval.protocol.grpc.packed import packed_contents
 from serval.protocol.shapes import check_shape
 from serval.protocol.shm_tensors import PARAMETERS, shared_memory_ref
 from serval.protocol.types import (
@@ -121,7 +122,9 @@ def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
     if len(values) != count:
         raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} elements, "
                            f"contents.{field} has {len(values)}")
-    return _typed_array(values, row.numpy, datatype, name).reshape(shape)
+    packed = packed_contents(tensor.contents, field, count)  # None: read element-wise
+    return _typed_array(values if packed is None else packed, row.numpy, datatype,
+                        name).reshape(shape)
 
 
 def _typed_array(values: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
