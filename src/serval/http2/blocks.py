@@ -29,6 +29,8 @@ class HeaderBlocks:
         if stream_id == 0:
             raise h2.ProtocolError("HEADERS on stream 0")
         block = h2.strip_padding(flags, payload, priority_bytes=5)
+        if flags & h2.PRIORITY_FLAG:  # (strip_padding has checked its 5 bytes are there)
+            h2.check_dependency(payload[1:] if flags & h2.PADDED else payload, stream_id)
         if not block:
             self._abuse.control_frame("empty HEADERS")
         self._check(len(block))

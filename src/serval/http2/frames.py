@@ -90,6 +90,13 @@ def parse_u32(payload: bytes, what: str) -> int:
     return int(_U32.unpack_from(payload)[0]) & 0x7FFF_FFFF
 
 
+def check_dependency(priority: bytes, stream_id: int) -> None:
+    """A priority block (PRIORITY's payload, HEADERS' with PRIORITY_FLAG) must not make a
+    stream depend on itself (RFC 9113 5.3.1; a connection error here, as h2 makes it)."""
+    if int(_U32.unpack_from(priority)[0]) & 0x7FFF_FFFF == stream_id:
+        raise ProtocolError(f"stream {stream_id} depends on itself")
+
+
 def strip_padding(flags: int, payload: bytes, priority_bytes: int = 0) -> bytes:
     """The frame's content without its padding (and HEADERS' priority block)."""
     start, end = 0, len(payload)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
+from serval.http2.fields import name_problem, value_problem
 from serval.http2.frames import COMPRESSION_ERROR, ENHANCE_YOUR_CALM, ProtocolError
 
 Header = tuple[str, str]
@@ -31,6 +32,7 @@ _STATIC: tuple[Header, ...] = tuple(
 _ENTRY_OVERHEAD_BYTES = 32
 _CACHEABLE_BLOCK_BYTES = 512  # larger blocks are decoded every time
 _CACHE_BYTES = 64 * 1024  # blocks and their decoded lists, per connection
+_GOOD_NAMES = 256  # well-formed names remembered, so a name is checked once
 MAX_FIELDS = 4096  # per block: 1-byte indexes decoded past this are an attack, not a request
 
 
@@ -56,9 +58,16 @@ class HpackDecoder:
         # the size of the list the last decode built (0 when it came from the cache, where it
         # is shared with every other stream that sent the block): what a stream now holds
         self.last_list_bytes = 0
+        # why the last block's names or values are malformed (RFC 9113 8.2.1), None when they
+        # are not: the stream is refused, the block processed whole (never cached)
+        self.malformed: str | None = None
+        self._bad: set[Header] = set()  # malformed fields in the table: referencing one is too
+        self._field_bad = False  # the last literal field read is malformed
+        self._good_names: set[str] = set()  # literal names already found well-formed
 
     def decode(self, block: bytes) -> list[Header]:
         """The header list of one block; ProtocolError when it is malformed or too large."""
+        self.malformed = None
         cached = self._cache.get(block)
         if cached is not None:
             headers, replay, valid_in = cached
@@ -74,7 +83,8 @@ class HpackDecoder:
         self._read_dynamic = False
         headers, list_bytes, inserts = self._decode(block)
         self.last_list_bytes = list_bytes
-        if inserts is not None and len(block) <= _CACHEABLE_BLOCK_BYTES:
+        if inserts is not None and len(block) <= _CACHEABLE_BLOCK_BYTES and (
+                self.malformed is None):
             if not self._read_dynamic:
                 self._remember(block, (headers, inserts, None), list_bytes)
             elif self.generation == generation:  # read the table and left it as it was
@@ -114,9 +124,14 @@ class HpackDecoder:
                     name, value, pos = self._literal(block, pos, 6)
                     headers.append((name, value))
                     self._insert(name, value)
+                    if self._field_bad:  # referencing it later is malformed too
+                        self._bad.add((name, value))
                     if inserts is not None:
                         inserts.append((name, value))
                 elif byte & 0x20:  # dynamic table size update
+                    if headers:  # RFC 7541 4.2: only at the start of a block
+                        raise ProtocolError("HPACK table size update after a header field",
+                                            COMPRESSION_ERROR)
                     table_bytes, pos = _integer(block, pos, 5)
                     if table_bytes > self.max_table_bytes:
                         raise ProtocolError(f"HPACK table size {table_bytes} above the "
@@ -141,11 +156,21 @@ class HpackDecoder:
 
     def _literal(self, block: bytes, pos: int, prefix_bits: int) -> tuple[str, str, int]:
         index, pos = _integer(block, pos, prefix_bits)
+        problem = None
         if index:
             name = self._entry(index)[0]
         else:
             name, pos = _string(block, pos)
+            if name not in self._good_names:
+                problem = name_problem(name)
+                if problem is None and len(self._good_names) < _GOOD_NAMES:
+                    self._good_names.add(name)
         value, pos = _string(block, pos)
+        if not value.isprintable():  # (fast for the usual value; tabs and latin-1 look closer)
+            problem = problem or value_problem(name, value)
+        self._field_bad = problem is not None
+        if problem is not None and self.malformed is None:
+            self.malformed = problem
         return name, value, pos
 
     def _entry(self, index: int) -> Header:
@@ -154,7 +179,10 @@ class HpackDecoder:
         dynamic = index - len(_STATIC) - 1
         if 0 <= dynamic < len(self.table):
             self._read_dynamic = True
-            return self.table[dynamic]
+            entry = self.table[dynamic]
+            if self._bad and entry in self._bad and self.malformed is None:
+                self.malformed = f"field {entry[0][:40]!r} is malformed"
+            return entry
         raise ProtocolError(f"HPACK index {index} out of range", COMPRESSION_ERROR)
 
     def _insert(self, name: str, value: str) -> None:
@@ -162,6 +190,7 @@ class HpackDecoder:
         self.generation += 1
         if size > self.table_limit_bytes:
             self.table.clear()
+            self._bad.clear()
             self.table_bytes = 0
             return
         self._evict(size)
@@ -170,8 +199,10 @@ class HpackDecoder:
 
     def _evict(self, room_bytes: int) -> None:
         while self.table and self.table_bytes + room_bytes > self.table_limit_bytes:
-            name, value = self.table.pop()
+            name, value = entry = self.table.pop()
             self.table_bytes -= len(name) + len(value) + _ENTRY_OVERHEAD_BYTES
+            if self._bad and entry not in self.table:
+                self._bad.discard(entry)
 
 
 def _integer(block: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:

@@ -23,11 +23,13 @@ not stalled: long-lived streams may be quiet.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from serval.http2 import frames as h2
+from serval.http2.fields import check_request, trailers_problem
 from serval.http2.flow import grow_send_window
 from serval.http2.hpack import HeaderListTooLarge
 from serval.protocol.grpc.status import GrpcStatus
@@ -35,6 +37,7 @@ from serval.server.grpc.framing import Http2Connection
 from serval.server.grpc.stream import NO_OWN_HEADERS, CallFailed, ResponseHeaders, ServerCall
 from serval.server.limits import TransportGuards
 
+log = logging.getLogger(__name__)
 STALLED_REQUEST_S = 1.0  # a request this long without a byte may be evicted for a new connection
 
 
@@ -59,6 +62,8 @@ class GrpcConnection(Http2Connection):
         self.calls: dict[int, ServerCall] = {}
         self.blocked: set[ServerCall] = set()
         self._starting: list[ServerCall] = []
+        self._checked: list[tuple[str, str]] | None = None  # the last well-formed request's
+        self._checked_length = -1  # list (a cached block's comes back as the same list)
 
     def has_streams(self) -> bool:
         return bool(self.calls)
@@ -207,6 +212,12 @@ class GrpcConnection(Http2Connection):
         if flags & h2.PADDED:
             content = h2.strip_padding(flags, payload)
             credit, payload = size - len(content), content
+        if call.content_left >= 0:  # it announced a content-length (RFC 9113 8.1.1)
+            left = call.content_left = call.content_left - len(payload)
+            if left < 0 or (left and flags & h2.END_STREAM):
+                self._consumed_by_connection(size)
+                self._reset(call, h2.PROTOCOL_ERROR)
+                return
         try:
             credit += call.receive(payload)
         except CallFailed as exc:
@@ -231,7 +242,8 @@ class GrpcConnection(Http2Connection):
                 call.abort(GrpcStatus.RESOURCE_EXHAUSTED, too_large)
             elif call.remote_closed:
                 self._reset(call, h2.STREAM_CLOSED)
-            elif not flags & h2.END_STREAM:
+            elif not flags & h2.END_STREAM or call.content_left > 0 or (
+                    self.decoder.malformed or trailers_problem(headers)):
                 self._reset(call, h2.PROTOCOL_ERROR)
             else:
                 self._end_remote(call)
@@ -246,11 +258,17 @@ class GrpcConnection(Http2Connection):
             if not self.closing:
                 self.abuse.reset_stream("refused past SETTINGS_MAX_CONCURRENT_STREAMS")
             return
+        content_length: int | None = -1
+        if too_large is None:
+            content_length = self._well_formed(stream_id, flags, headers)
+            if content_length is None:
+                return
         call = ServerCall(self, stream_id, headers, received_ns=time.perf_counter_ns(),
                           send_window=self.peer_window_bytes,
                           receive_window=limits.h2_stream_window_bytes,
                           max_message_bytes=limits.max_message_bytes,
                           max_messages=limits.h2_max_stream_messages, budget=self.guards.budget)
+        call.content_left = -1 if content_length is None else content_length
         self.calls[stream_id] = call
         call.progress_at = self.read_at
         self.wake_by(self.read_at + limits.body_timeout_s)  # to see it if it stalls
@@ -265,6 +283,24 @@ class GrpcConnection(Http2Connection):
                 self._end_remote(call)
         elif self._start(call) and flags & h2.END_STREAM:
             self._end_remote(call)
+
+    def _well_formed(self, stream_id: int, flags: int, headers: list[tuple[str, str]]
+                     ) -> int | None:
+        """A new stream's content-length (-1: none), or None when its request is malformed
+        (RFC 9113 8.1.1): then RST_STREAM(PROTOCOL_ERROR), counted like any stream error."""
+        if headers is self._checked:
+            return self._checked_length
+        problem, length = check_request(headers)
+        problem = self.decoder.malformed or problem
+        if problem is None and length > 0 and flags & h2.END_STREAM:
+            problem = "content-length above 0 and no DATA"
+        if problem is not None:
+            log.info("refusing a malformed HTTP/2 request: %s", problem)
+            self.write(h2.rst_stream(stream_id, h2.PROTOCOL_ERROR))
+            self.abuse.reset_stream("malformed (RFC 9113 8.1.1)")
+            return None
+        self._checked, self._checked_length = headers, length
+        return length
 
     def _start(self, call: ServerCall) -> bool:
         """Check the call can run; client-streaming calls start now, unary ones at their end."""

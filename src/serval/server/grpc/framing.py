@@ -305,6 +305,7 @@ class Http2Connection(asyncio.Protocol):
             raise h2.ProtocolError("PRIORITY on stream 0")
         if len(payload) != 5:
             raise h2.ProtocolError("PRIORITY payload must be 5 bytes", h2.FRAME_SIZE_ERROR)
+        h2.check_dependency(payload, stream_id)
         self.abuse.control_frame("PRIORITY")  # priorities are advisory: nothing else to do
 
     def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:

@@ -78,9 +78,9 @@ class ServerCall:
     __slots__ = ("__weakref__", "_buffer", "_buffer_reserved", "_drainer", "_headers_sent",
                  "_pending",
                  "_pending_bytes", "_read_reserved", "_reserved", "_trailers", "_unread_bytes",
-                 "_waiter", "budget", "finished", "headers", "max_message_bytes", "max_messages",
-                 "messages", "owner", "path", "progress_at", "received_ns", "remote_closed",
-                 "send_window", "stream_id", "task", "window")
+                 "_waiter", "budget", "content_left", "finished", "headers", "max_message_bytes",
+                 "max_messages", "messages", "owner", "path", "progress_at", "received_ns",
+                 "remote_closed", "send_window", "stream_id", "task", "window")
 
     def __init__(self, owner: CallOwner, stream_id: int, headers: list[Header], *,
                  received_ns: int, send_window: int, receive_window: int,
@@ -95,6 +95,7 @@ class ServerCall:
         # (message, window credit due when read, budget bytes reserved)
         self.messages: deque[tuple[bytes, int, int]] = deque()
         self.remote_closed = False
+        self.content_left = -1  # DATA bytes its content-length still announces (-1: none)
         self.finished = False
         self.progress_at = 0.0  # loop time of its last frame (the connection sets it)
         self.task: asyncio.Task[None] | None = None

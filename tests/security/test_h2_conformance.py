@@ -1,0 +1,160 @@
+"""RFC 9113 / 7541 conformance in the style of h2spec, and gRPC's own rules, on a real server.
+
+A malformed request (8.1.1, 8.2, 8.3) resets its stream with PROTOCOL_ERROR and the connection
+serves on; HPACK and priority violations end the connection with the right GOAWAY code; gRPC
+requests that are not gRPC, or carry a bad grpc-timeout or compression, get grpc-go's answers.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from serval.http2 import frames as h2
+from serval.http2.hpack import encode_headers
+from tests.conftest import RunningServer
+from tests.security.h2_helpers import (
+    SERVICE,
+    RawH2,
+    data,
+    headers,
+    infer_request,
+    message,
+)
+
+pytestmark = pytest.mark.integration
+
+REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "ModelInfer"),
+           (":authority", "localhost"), ("content-type", "application/grpc"),
+           ("te", "trailers")]
+MESSAGE = message(infer_request())
+
+
+def _without(name: str, *extra: tuple[str, str]) -> bytes:
+    return encode_headers([field for field in REQUEST if field[0] != name] + list(extra))
+
+
+def _with(*extra: tuple[str, str]) -> bytes:
+    return encode_headers(REQUEST + list(extra))
+
+
+def _replaced(name: str, value: str) -> bytes:
+    return encode_headers([(key, value if key == name else old) for key, old in REQUEST])
+
+
+def _literal_indexed(name: str, value: str) -> bytes:
+    """A literal field added to the table (RFC 7541 6.2.1), name and value as given."""
+    return (b"\x40" + bytes([len(name)]) + name.encode() + bytes([len(value)])
+            + value.encode())
+
+
+# name -> the frames of stream 1 (stream 3, well-formed, follows on the same connection)
+MALFORMED: dict[str, bytes] = {
+    "an upper-case field name": headers(1, _with(("X-Upper", "a"))) + data(1, MESSAGE, True),
+    "a field name with a space": headers(1, _with(("x a", "b"))) + data(1, MESSAGE, True),
+    "an empty field name": headers(1, _with(("", "b"))) + data(1, MESSAGE, True),
+    "CR LF in a value": headers(1, _with(("x-a", "a\r\nx-b: c"))) + data(1, MESSAGE, True),
+    "NUL in a value": headers(1, _with(("x-a", "a\x00b"))) + data(1, MESSAGE, True),
+    "connection": headers(1, _with(("connection", "keep-alive"))) + data(1, MESSAGE, True),
+    "keep-alive": headers(1, _with(("keep-alive", "5"))) + data(1, MESSAGE, True),
+    "transfer-encoding": headers(1, _with(("transfer-encoding", "chunked")))
+    + data(1, MESSAGE, True),
+    "upgrade": headers(1, _with(("upgrade", "h2c"))) + data(1, MESSAGE, True),
+    "te other than trailers": headers(1, _replaced("te", "gzip")) + data(1, MESSAGE, True),
+    "no :method": headers(1, _without(":method")) + data(1, MESSAGE, True),
+    "no :scheme": headers(1, _without(":scheme")) + data(1, MESSAGE, True),
+    "no :path": headers(1, _without(":path")) + data(1, MESSAGE, True),
+    "an empty :path": headers(1, _replaced(":path", "")) + data(1, MESSAGE, True),
+    "two :path": headers(1, encode_headers([(":path", "/x"), *REQUEST]))
+    + data(1, MESSAGE, True),
+    "a pseudo-header after a field": headers(1, _without(":authority", (":authority", "x")))
+    + data(1, MESSAGE, True),
+    "an unknown pseudo-header": headers(1, encode_headers([(":foo", "x"), *REQUEST]))
+    + data(1, MESSAGE, True),
+    "a response pseudo-header": headers(1, encode_headers([(":status", "200"), *REQUEST]))
+    + data(1, MESSAGE, True),
+    "content-length below the data": headers(1, _with(("content-length", "3")))
+    + data(1, MESSAGE, True),
+    "content-length above the data": headers(1, _with(("content-length", str(len(MESSAGE) + 1))))
+    + data(1, MESSAGE, True),
+    "content-length and no data": headers(1, _with(("content-length", "7")), end_stream=True),
+    "content-length not a number": headers(1, _with(("content-length", "+5")))
+    + data(1, MESSAGE, True),
+    "a pseudo-header in trailers": headers(1) + data(1, MESSAGE)
+    + h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, encode_headers([(":path", "/")])),
+    "connection in trailers": headers(1) + data(1, MESSAGE) + h2.frame(
+        h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, encode_headers([("connection", "x")])),
+}
+
+
+def _serves_stream_3(client: RawH2) -> None:
+    client.send(headers(3) + data(3, MESSAGE, True))
+    for _ in range(50):
+        if client.read(0.1).statuses().get(3) == "0":
+            break
+    assert client.seen.statuses().get(3) == "0" and not client.seen.closed
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_request_resets_its_stream_only(guarded: RunningServer, case: str) -> None:
+    """Before, every one of these was served as a well-formed call."""
+    with RawH2(guarded.grpc_port) as client:
+        client.send(MALFORMED[case])
+        _serves_stream_3(client)
+        assert client.seen.resets().get(1) == h2.PROTOCOL_ERROR
+        assert 1 not in client.seen.statuses()
+
+
+def test_a_table_entry_added_by_a_malformed_field_stays_malformed(
+        guarded: RunningServer) -> None:
+    """Referencing the dynamic table entry of an upper-case name later is malformed too."""
+    indexed = 0x80 | (61 + 1)  # the newest dynamic entry
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, encode_headers(REQUEST) + _literal_indexed("X-Up", "a"))
+                    + data(1, MESSAGE, True))
+        client.send(headers(5, encode_headers(REQUEST) + bytes([indexed]))
+                    + data(5, MESSAGE, True))
+        client.send(headers(7) + data(7, MESSAGE, True))
+        for _ in range(50):
+            if client.read(0.1).statuses().get(7) == "0":
+                break
+        assert client.seen.resets().get(1) == client.seen.resets().get(5) == h2.PROTOCOL_ERROR
+
+
+@pytest.mark.parametrize("extra", [(), (("content-length", str(len(MESSAGE))),),
+                                   (("x-spaced", " padded value "),)])
+def test_well_formed_variants_are_served(guarded: RunningServer,
+                                         extra: tuple[tuple[str, str], ...]) -> None:
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, _without("te", *extra)) + data(1, MESSAGE, True))
+        for _ in range(50):
+            if 1 in client.read(0.1).statuses():
+                break
+        assert client.seen.statuses()[1] == "0"
+
+
+# name -> (frames after SETTINGS, GOAWAY code)
+CONNECTION_ERRORS: dict[str, tuple[bytes, int]] = {
+    "an HPACK table size update after a field": (
+        headers(1, encode_headers(REQUEST) + b"\x3f\xe1\x1f") + data(1, MESSAGE, True),
+        h2.COMPRESSION_ERROR),
+    "PRIORITY on itself": (h2.frame(h2.PRIORITY, 0, 3, struct.pack(">LB", 3, 16)),
+                           h2.PROTOCOL_ERROR),
+    "HEADERS depending on itself": (
+        h2.frame(h2.HEADERS, h2.END_HEADERS | h2.PRIORITY_FLAG, 1,
+                 struct.pack(">LB", 1, 16) + encode_headers(REQUEST)) + data(1, MESSAGE, True),
+        h2.PROTOCOL_ERROR),
+    "padded HEADERS depending on itself": (
+        h2.frame(h2.HEADERS, h2.END_HEADERS | h2.PRIORITY_FLAG | h2.PADDED, 1,
+                 b"\x02" + struct.pack(">LB", 1, 16) + encode_headers(REQUEST) + b"\x00\x00")
+        + data(1, MESSAGE, True), h2.PROTOCOL_ERROR),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONNECTION_ERRORS))
+def test_connection_errors_end_with_the_right_goaway(guarded: RunningServer, case: str) -> None:
+    frames, code = CONNECTION_ERRORS[case]
+    with RawH2(guarded.grpc_port) as client:
+        client.send(frames)
+        assert client.closed_with(3.0) == code
