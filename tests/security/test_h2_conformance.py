@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from serval.http2 import frames as h2
-from serval.http2.hpack import encode_headers
+from serval.http2.hpack import HpackDecoder, encode_headers
 from tests.conftest import RunningServer
 from tests.security.h2_helpers import (
     SERVICE,
@@ -158,3 +158,43 @@ def test_connection_errors_end_with_the_right_goaway(guarded: RunningServer, cas
     with RawH2(guarded.grpc_port) as client:
         client.send(frames)
         assert client.closed_with(3.0) == code
+
+
+def _answer(client: RawH2, stream_id: int) -> dict[str, str]:
+    """The fields of every HEADERS the server sent on the stream (table-free blocks)."""
+    for _ in range(50):
+        if stream_id in client.read(0.1).statuses():
+            break
+    return {name: value for kind, _, sid, payload in client.seen.frames
+            if kind == h2.HEADERS and sid == stream_id
+            for name, value in HpackDecoder().decode(payload)}
+
+
+@pytest.mark.parametrize(("block", "status"), [
+    (_replaced(":method", "GET"), "405"),
+    (_replaced("content-type", "application/grpc-web"), "415"),
+    (_replaced("content-type", "application/grpcx"), "415"),
+])
+def test_requests_that_are_not_grpc_get_an_http_status(guarded: RunningServer, block: bytes,
+                                                       status: str) -> None:
+    """Before, a GET or a grpc-web request was answered as gRPC (whose framing a grpc-web
+    client misreads)."""
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, block) + data(1, MESSAGE, True))
+        assert _answer(client, 1).get(":status") == status
+
+
+@pytest.mark.parametrize(("encoding", "flag", "status"), [
+    (None, 1, "13"), ("identity", 1, "13"), ("gzip", 2, "13"), ("snappy", 1, "12")])
+def test_compression_errors_get_grpc_gos_codes(guarded: RunningServer, encoding: str | None,
+                                               flag: int, status: str) -> None:
+    """A compressed flag without an encoding, or a flag of 2, is INTERNAL; an encoding we lack
+    is UNIMPLEMENTED and says which we have (grpc-accept-encoding). Before: all three
+    UNIMPLEMENTED, none naming the encodings."""
+    block = _with(("grpc-encoding", encoding)) if encoding else _with()
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, block) + data(1, bytes([flag]) + MESSAGE[1:], True))
+        answer = _answer(client, 1)
+    assert answer["grpc-status"] == status
+    if status == "12":
+        assert set(answer["grpc-accept-encoding"].split(",")) >= {"gzip", "deflate"}

@@ -222,7 +222,7 @@ class GrpcConnection(Http2Connection):
             credit += call.receive(payload)
         except CallFailed as exc:
             self._consumed_by_connection(size)
-            call.abort(exc.status, exc.message)  # then RST_STREAM(NO_ERROR): stop sending
+            call.abort(exc.status, exc.message, exc.extra)  # then RST_STREAM(NO_ERROR)
             return
         if flags & h2.END_STREAM:
             self._end_remote(call)
@@ -305,8 +305,12 @@ class GrpcConnection(Http2Connection):
     def _start(self, call: ServerCall) -> bool:
         """Check the call can run; client-streaming calls start now, unary ones at their end."""
         call.path = path = call.header(":path") or ""
-        if not (call.header("content-type") or "").startswith("application/grpc"):
-            call.reject(415)  # gRPC over HTTP/2: Unsupported Media Type
+        kind = call.header("content-type") or ""
+        if not kind.startswith("application/grpc") or kind[16:17] not in ("", "+", ";"):
+            call.reject(415)  # gRPC over HTTP/2 (not grpc-web, whose framing differs)
+            return False
+        if call.headers[0] != (":method", "POST") and call.header(":method") != "POST":
+            call.reject(405, (("allow", "POST"),))  # as grpc-go
             return False
         streaming = self.runner.is_client_streaming(path)
         if streaming is None:

@@ -32,15 +32,18 @@ _STATUS_200 = b"\x88"  # HPACK static table entry 8, `:status: 200`
 _PERCENT_SAFE = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _OK_TRAILERS = encode_headers([("grpc-status", str(int(GrpcStatus.OK)))])
 _DRAIN_BYTES = 256 * 1024  # unsent reply bytes above which a streaming call waits
+ACCEPT_ENCODING = "identity,deflate,gzip"  # what a request's messages may be compressed with
 
 
 
 class CallFailed(Exception):
-    """The request cannot be read (size, compression); the call ends with this status."""
+    """The request cannot be read (size, compression); the call ends with this status (and
+    `extra` trailers)."""
 
-    def __init__(self, status: GrpcStatus, message: str) -> None:
+    def __init__(self, status: GrpcStatus, message: str,
+                 extra: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.extra = status, message, extra
 
 
 class ResponseHeaders:
@@ -205,7 +208,7 @@ class ServerCall:
                              f"more than {self.max_messages} request messages of one stream "
                              "waiting to be read")
         if compressed:
-            message = _decompress(message, self.header("grpc-encoding") or "identity",
+            message = _decompress(compressed, message, self.header("grpc-encoding"),
                                   self.max_message_bytes)
         self.messages.append((message, credit, reserved))
         self._unread_bytes += credit
@@ -301,20 +304,21 @@ class ServerCall:
                                   block)
         self.owner.send_pending(self)
 
-    def abort(self, status: GrpcStatus, message: str) -> None:
+    def abort(self, status: GrpcStatus, message: str,
+              extra: tuple[tuple[str, str], ...] = ()) -> None:
         """End the call now with a status: replies not yet sent are dropped."""
         task, self.task = self.task, None
         if task is not None:
             task.cancel()
         self._pending.clear()
         self._pending_bytes = 0
-        self.finish(status, message)
+        self.finish(status, message, extra)
 
-    def reject(self, http_status: int) -> None:
+    def reject(self, http_status: int, extra: tuple[Header, ...] = ()) -> None:
         """Answer with a bare HTTP status (e.g. 415 for a request that is not gRPC)."""
         self.finished = True
         self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                  encode_headers([(":status", str(http_status)),
+                                  encode_headers([(":status", str(http_status)), *extra,
                                                   *self.owner.response_headers.own]))
         self.owner.send_pending(self)
 
@@ -352,10 +356,20 @@ class ServerCall:
         return out, sent
 
 
-def _decompress(message: bytes, encoding: str, limit_bytes: int) -> bytes:
+def _decompress(flag: int, message: bytes, encoding: str | None, limit_bytes: int) -> bytes:
+    """A compressed message inflated. As grpc-go: a flag other than 1, or 1 without an
+    encoding, is INTERNAL; an encoding we lack is UNIMPLEMENTED, naming those we have in
+    grpc-accept-encoding (the gRPC compression spec), so the client can pick one."""
+    if flag != 1:
+        raise CallFailed(GrpcStatus.INTERNAL, f"message flag {flag}: neither 0 (plain) nor "
+                         "1 (compressed)")
+    if encoding is None or encoding == "identity":
+        raise CallFailed(GrpcStatus.INTERNAL, "compressed flag set with identity or no "
+                         "grpc-encoding")
     if encoding not in ("gzip", "deflate"):
         raise CallFailed(GrpcStatus.UNIMPLEMENTED, f"compressed message with unsupported "
-                         f"grpc-encoding '{encoding}' (supported: gzip, deflate)")
+                         f"grpc-encoding '{encoding[:40]}' (supported: gzip, deflate)",
+                         (("grpc-accept-encoding", ACCEPT_ENCODING),))
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
     inflater = zlib.decompressobj(wbits)
     try:
