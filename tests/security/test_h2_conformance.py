@@ -184,6 +184,17 @@ def test_requests_that_are_not_grpc_get_an_http_status(guarded: RunningServer, b
         assert _answer(client, 1).get(":status") == status
 
 
+@pytest.mark.parametrize("timeout", ["abc", "-5S", "+5S", "123456789S", "9" * 300 + "H", "5",
+                                     "5x"])
+def test_a_malformed_grpc_timeout_is_internal(guarded: RunningServer, timeout: str) -> None:
+    """As grpc-go. Before, junk was ignored, '-5S' was a deadline in the past and 300 digits
+    overflowed into an INTERNAL 'internal server error' with a traceback in the log."""
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, _with(("grpc-timeout", timeout))) + data(1, MESSAGE, True))
+        answer = _answer(client, 1)
+    assert answer["grpc-status"] == "13" and "malformed grpc-timeout" in answer["grpc-message"]
+
+
 @pytest.mark.parametrize(("encoding", "flag", "status"), [
     (None, 1, "13"), ("identity", 1, "13"), ("gzip", 2, "13"), ("snappy", 1, "12")])
 def test_compression_errors_get_grpc_gos_codes(guarded: RunningServer, encoding: str | None,

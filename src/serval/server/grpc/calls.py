@@ -85,8 +85,8 @@ class ServiceRunner:
 
     async def run(self, call: ServerCall) -> None:
         method = self.methods[call.path]
-        context = CallContext(call)
         try:
+            context = CallContext(call)
             if method.client_streaming:
                 requests = _request_stream(call, method.request_type)
             else:
@@ -145,12 +145,14 @@ async def _request_stream(call: ServerCall, request_type: Any) -> AsyncIterator[
 
 
 def _deadline_ns(call: ServerCall) -> int | None:
-    """grpc-timeout ("100m", "5S", ...) as a perf_counter deadline; None when absent or bad."""
+    """grpc-timeout ("100m", "5S", ...) as a perf_counter deadline; None when absent. As the
+    gRPC spec says and grpc-go does, anything but 1 to 8 ASCII digits and a unit is INTERNAL
+    (int() took '-5', '+5', ' 5' and thousands of digits, whose deadline overflowed later)."""
     timeout = call.header("grpc-timeout")
-    if not timeout or len(timeout) < 2 or timeout[-1] not in _TIMEOUT_UNITS_NS:
+    if timeout is None:
         return None
-    try:
-        amount = int(timeout[:-1])
-    except ValueError:
-        return None
-    return call.received_ns + amount * _TIMEOUT_UNITS_NS[timeout[-1]]
+    amount, unit = timeout[:-1], timeout[-1:]
+    if not (0 < len(amount) <= 8 and amount.isdigit() and amount.isascii()) or (
+            unit not in _TIMEOUT_UNITS_NS):
+        raise AbortCall(GrpcStatus.INTERNAL, f"malformed grpc-timeout {timeout[:20]!r}")
+    return call.received_ns + int(amount) * _TIMEOUT_UNITS_NS[unit]
