@@ -139,3 +139,13 @@ def test_absolute_form_targets_are_served(served: RunningServer) -> None:
     with connect(served.port) as sock:
         sock.sendall(b"GET http://elsewhere/v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n" + LIVE)
         assert statuses(_answers(sock, 2)) == [200, 200]
+
+
+def test_trailer_fields_are_not_merged_into_the_headers(served: RunningServer) -> None:
+    """RFC 9110 6.5.1 (nginx and h11 drop them). Before, a Content-Encoding sent as a trailer,
+    unseen by a proxy checking the headers, made the server inflate the body as gzip (400)."""
+    with connect(served.port) as sock:
+        sock.sendall(b"POST /v2/models/linear/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+                     b"chunked\r\n\r\n%x\r\n%s\r\n0\r\nContent-Encoding: gzip\r\nX-A: b\r\n\r\n"
+                     % (len(BODY), BODY) + LIVE)
+        assert statuses(_answers(sock, 2)) == [200, 200]

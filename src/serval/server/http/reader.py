@@ -68,7 +68,7 @@ class RequestReader(asyncio.Protocol):
         self.url = b""
         self.headers: RawHeaders = []
         self.body: list[bytes] = []
-        self.body_bytes = self.header_bytes = self.reserved = 0
+        self.body_bytes = self.header_bytes = self.reserved = self.header_count = 0
         self.content_length = -1  # -1: none given
         self.chunked = self.expect_continue = self.continue_owed = self.http10 = False
         self.authorized: Token | None = None
@@ -171,6 +171,7 @@ class RequestReader(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.progress, self.in_headers, self.in_body = True, False, True
+        self.header_count = len(self.headers)  # what follows (a chunked body's trailers) is not
         assert self.parser is not None
         try:
             url = httptools.parse_url(self.url)
@@ -217,6 +218,8 @@ class RequestReader(asyncio.Protocol):
         assert self.parser is not None
         self.progress, self.in_body, self.started = True, False, False
         self.continue_owed = False
+        if len(self.headers) > self.header_count:  # trailers: counted against the header
+            del self.headers[self.header_count:]  # limits, never merged (RFC 9110 6.5.1)
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
                           self.parser.should_keep_alive(), self.query, self.reserved,
                           self.authorized, self.http10)
