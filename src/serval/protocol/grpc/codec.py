@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import numpy as np
 
 from serval.errors import InvalidInput
-from serval.protocol.bytes_tensor import tensor_from_raw, tensor_to_raw
+from serval.protocol.bytes_tensor import object_array, tensor_from_raw, tensor_to_raw
 from serval.protocol.classification import class_count
 from serval.protocol.dtypes import lookup, v2_datatype
 from serval.protocol.grpc import grpc_service_pb2 as pb
@@ -22,6 +23,25 @@ from serval.protocol.types import (
     SharedMemoryInput,
     TensorDict,
 )
+
+INLINE_BYTES_ELEMENTS = 1 << 14  # ~15 ms of the event loop to decode
+
+
+def has_many_bytes_elements(message: pb.ModelInferRequest) -> bool:
+    """Whether decoding would build a large BYTES tensor (~1 us an element in Python): the
+    transport then decodes on a thread. Judged from sizes alone, without decoding."""
+    if not any(tensor.datatype == "BYTES" for tensor in message.inputs):
+        return False
+    raw_bytes = sum(len(entry) for entry in message.raw_input_contents)
+    return raw_bytes > 4 * INLINE_BYTES_ELEMENTS or any(
+        len(tensor.contents.bytes_contents) > INLINE_BYTES_ELEMENTS for tensor in message.inputs)
+
+
+async def decoded(message: pb.ModelInferRequest) -> InferRequest:
+    """decode_infer_request, on a thread where it would build a large BYTES tensor."""
+    if has_many_bytes_elements(message):
+        return await asyncio.to_thread(decode_infer_request, message)
+    return decode_infer_request(message)
 
 
 def decode_infer_request(message: pb.ModelInferRequest) -> InferRequest:
@@ -129,9 +149,7 @@ def _decode_input(tensor: Any, raw: bytes | None) -> np.ndarray:
 
 def _typed_array(values: Any, dtype: np.dtype, datatype: str, name: str) -> np.ndarray:
     if datatype == "BYTES":
-        array = np.empty(len(values), dtype=object)
-        array[:] = list(values)
-        return array
+        return object_array(values)  # a chunk of the container at a time
     wide = np.asarray(values)
     if dtype.kind in "iu" and wide.size:
         limits = np.iinfo(dtype)

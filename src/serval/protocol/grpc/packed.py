@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
-_FIXED = {"fp32_contents": np.dtype("<f4"), "fp64_contents": np.dtype("<f8")}
-_VARINT = {"int_contents": np.dtype(np.int32), "int64_contents": np.dtype(np.int64),
-           "uint_contents": np.dtype(np.uint32), "uint64_contents": np.dtype(np.uint64),
-           "bool_contents": np.dtype(np.bool_)}
+_FIXED: dict[str, np.dtype[Any]] = {"fp32_contents": np.dtype("<f4"),
+                                     "fp64_contents": np.dtype("<f8")}
+_VARINT: dict[str, np.dtype[Any]] = {
+    "int_contents": np.dtype(np.int32), "int64_contents": np.dtype(np.int64),
+    "uint_contents": np.dtype(np.uint32), "uint64_contents": np.dtype(np.uint64),
+    "bool_contents": np.dtype(np.bool_)}
 _LENGTH_DELIMITED = 2
 _MAX_VARINT_BYTES = 10
 

@@ -14,7 +14,7 @@ from serval.auth import Action, TokenStore, bearer
 from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
-from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
+from serval.protocol.grpc.codec import decoded, encode_infer_response
 from serval.repository.names import cut
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.grpc.shm_servicer import SharedMemoryRpcs
@@ -162,7 +162,7 @@ class InferenceServicer(SharedMemoryRpcs):
         received_ns = time.perf_counter_ns()
         self.dataplane.admit(request.model_name, request.model_version or None, deadline_ns,
                              "timeout" in request.parameters)
-        infer_request = decode_infer_request(request)
+        infer_request = await decoded(request)
         response = await self.dataplane.infer(
             request.model_name, request.model_version or None, infer_request, received_ns,
             deadline_ns=deadline_ns,

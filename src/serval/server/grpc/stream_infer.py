@@ -32,7 +32,7 @@ from serval.batching.responses import DEFAULT_WINDOW
 from serval.dataplane import DataPlane
 from serval.errors import ServalError
 from serval.protocol.grpc import grpc_service_pb2 as pb
-from serval.protocol.grpc.codec import decode_infer_request, encode_infer_response
+from serval.protocol.grpc.codec import decoded, encode_infer_response
 from serval.protocol.grpc.status import GrpcStatus
 from serval.server.grpc.errors import grpc_error, unexpected_grpc_error
 from serval.server.streams import StreamedResponse, infer_stream, is_decoupled
@@ -210,12 +210,16 @@ class StreamCall:
         await handed_on
 
 
-def decoupled_stream(dataplane: DataPlane, request: Any, window: int = DEFAULT_WINDOW
-                     ) -> AsyncGenerator[StreamedResponse, None]:
+async def decoupled_stream(dataplane: DataPlane, request: Any, window: int = DEFAULT_WINDOW
+                           ) -> AsyncGenerator[StreamedResponse, None]:
     """A decoupled request's responses through the data plane (StreamCall's `stream`), at most
     `window` of them untaken."""
-    return infer_stream(dataplane, request.model_name, request.model_version or None,
-                        decode_infer_request(request), time.perf_counter_ns(), window=window)
+    received_ns = time.perf_counter_ns()
+    responses = infer_stream(dataplane, request.model_name, request.model_version or None,
+                             await decoded(request), received_ns, window=window)
+    async with contextlib.aclosing(responses):
+        async for response in responses:
+            yield response
 
 
 async def model_is_decoupled(dataplane: DataPlane, request: Any) -> bool:
