@@ -22,8 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call
-from tests.integration.test_observability_attacks import LiveProbes
+from tests.integration.http_helpers import LiveProbes, call
 
 pytestmark = pytest.mark.integration
 ROWS = 100_000  # X: FP32 [ROWS, 16], 1.6M numbers (~14 MB as JSON)

@@ -4,9 +4,7 @@ bound, or answer a bad value with a 5xx."""
 
 from __future__ import annotations
 
-import http.client
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import tritonclient.http as triton_http
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer, metric, occupy
+from tests.integration.http_helpers import LiveProbes, call, infer, metric, occupy
 
 pytestmark = pytest.mark.integration
 X = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
@@ -38,40 +36,6 @@ def many(server_factory: Callable[..., RunningServer],
     for name in ("tenant-00042", "tenant-09999"):
         assert infer(server.url, name, X).status == 200
     return server
-
-
-class LiveProbes:
-    """/v2/health/live asked over and over on one connection, each answer's (sent, answered)
-    perf_counter times kept: what a liveness probe sees while something else runs."""
-
-    def __init__(self, server: RunningServer) -> None:
-        self.server = server
-        self.times: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
-        while not self._stop.is_set():
-            sent = time.perf_counter()
-            connection.request("GET", "/v2/health/live")
-            connection.getresponse().read()
-            self.times.append((sent, time.perf_counter()))
-        connection.close()
-
-    def answered_within(self, start: float, end: float) -> int:
-        """Probes sent after `start` and answered before `end`."""
-        return sum(1 for sent, answered in self.times if sent > start and answered < end)
-
-    def __enter__(self) -> LiveProbes:
-        self._thread.start()
-        while not self.times:  # the first answer: the probe runs
-            time.sleep(0.001)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from tritonclient.utils import InferenceServerException
 from tests import fixture_models
 from tests import triton_python_models as models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import call, infer
+from tests.integration.http_helpers import LiveProbes, call, infer
 
 pytestmark = pytest.mark.integration
 
@@ -262,8 +262,6 @@ def test_a_large_config_parameter_is_read_off_the_event_loop(secured: Secured) -
     """A `config` of 3,000 inputs (190 KB, under the 256 KiB bound) was converted on the event
     loop, several times per load: a /v2/health/live probe waited 0.28-0.47 s. Now the loads
     convert it on a thread: the longest wait is 0.01-0.04 s."""
-    from tests.integration.test_observability_attacks import LiveProbes
-
     server, _ = secured
     config = {"name": "add_sub", "max_batch_size": 8,
               "input": [{"name": f"in{index}", "data_type": "TYPE_FP32", "dims": [1, 2, 3]}
