@@ -209,3 +209,42 @@ def test_compression_errors_get_grpc_gos_codes(guarded: RunningServer, encoding:
     assert answer["grpc-status"] == status
     if status == "12":
         assert set(answer["grpc-accept-encoding"].split(",")) >= {"gzip", "deflate"}
+
+
+def _reset_code(client: RawH2, stream_id: int, then: bytes) -> int | None:
+    """Send `then`, then a call on stream 9 (which must succeed); the reset stream_id got."""
+    client.send(then + headers(9) + data(9, MESSAGE, True))
+    for _ in range(50):
+        if client.read(0.1).statuses().get(9) == "0":
+            break
+    assert client.seen.statuses().get(9) == "0" and not client.seen.closed
+    return client.seen.resets().get(stream_id)
+
+
+def test_data_on_a_stream_both_sides_closed_is_stream_closed(guarded: RunningServer) -> None:
+    """RFC 9113 6.1 (h2spec 5.1: closed); before, it was dropped in silence."""
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1) + data(1, MESSAGE, True))
+        for _ in range(50):
+            if client.read(0.1).statuses().get(1) == "0":
+                break
+        assert _reset_code(client, 1, data(1, b"late")) == h2.STREAM_CLOSED
+
+
+def test_data_after_the_clients_own_reset_is_stream_closed(guarded: RunningServer) -> None:
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1) + h2.rst_stream(1, h2.CANCEL))
+        assert _reset_code(client, 1, data(1, b"late")) == h2.STREAM_CLOSED
+
+
+def test_data_in_flight_on_a_stream_we_ended_is_dropped(guarded: RunningServer) -> None:
+    """A call ended early (a message over the limit: RESOURCE_EXHAUSTED, RST_STREAM
+    NO_ERROR): what the client sent before it learned is no error."""
+    too_big = struct.pack(">BL", 0, 2**30)  # announced, far past --max-message-bytes
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1) + data(1, too_big))
+        for _ in range(50):
+            if 1 in client.read(0.1).statuses():
+                break
+        assert client.seen.statuses()[1] == "8"
+        assert _reset_code(client, 1, data(1, b"x" * 1000)) == h2.NO_ERROR

@@ -38,6 +38,7 @@ from serval.server.grpc.stream import NO_OWN_HEADERS, CallFailed, ResponseHeader
 from serval.server.limits import TransportGuards
 
 log = logging.getLogger(__name__)
+_ENDED_EARLY_KEPT = 256  # stream ids remembered as ended by us before the client's end
 STALLED_REQUEST_S = 1.0  # a request this long without a byte may be evicted for a new connection
 
 
@@ -62,6 +63,9 @@ class GrpcConnection(Http2Connection):
         self.calls: dict[int, ServerCall] = {}
         self.blocked: set[ServerCall] = set()
         self._starting: list[ServerCall] = []
+        # streams the server ended before the client's END_STREAM, newest last: DATA the
+        # client sent before it learned is dropped; on other closed streams it is an error
+        self._ended_early: dict[int, None] = {}
         self._checked: list[tuple[str, str]] | None = None  # the last well-formed request's
         self._checked_length = -1  # list (a cached block's comes back as the same list)
 
@@ -163,10 +167,17 @@ class GrpcConnection(Http2Connection):
             return
         if not call.remote_closed:
             self.write(h2.rst_stream(call.stream_id, h2.NO_ERROR))  # we need no more of it
+            self._end_early(call.stream_id)
         call.task = None  # done with it: no call <-> task cycle
         self._consumed_by_connection(call.release())
         if not self.calls:
             self.idle_since = asyncio.get_running_loop().time()
+
+    def _end_early(self, stream_id: int) -> None:
+        ended = self._ended_early
+        ended[stream_id] = None
+        if len(ended) > _ENDED_EARLY_KEPT:
+            del ended[next(iter(ended))]
 
     def _drop(self, call: ServerCall) -> None:
         """The stream is gone before its answer: stop the call, give back its credit."""
@@ -180,6 +191,8 @@ class GrpcConnection(Http2Connection):
         """A stream error: RST_STREAM(code), the call dropped; counted like a client reset
         (a flood of invalid streams, CVE-2019-9514, costs the client its connection)."""
         self.write(h2.rst_stream(call.stream_id, code))
+        if not call.remote_closed:
+            self._end_early(call.stream_id)
         self._drop(call)
         self.abuse.reset_stream("ended by stream errors")
 
@@ -197,10 +210,13 @@ class GrpcConnection(Http2Connection):
         if call is None or call.remote_closed:
             if stream_id == 0 or stream_id > self.last_stream_id:
                 raise h2.ProtocolError(f"DATA on idle stream {stream_id}")
-            self._consumed_by_connection(size)  # a stream already ended: dropped
+            self._consumed_by_connection(size)
             if call is not None:
                 self._reset(call, h2.STREAM_CLOSED)
-            return
+            elif stream_id not in self._ended_early:  # closed by both sides, or its reset
+                self.write(h2.rst_stream(stream_id, h2.STREAM_CLOSED))  # (RFC 9113 6.1)
+                self.abuse.reset_stream("DATA on closed streams")
+            return  # else: sent before the client learned we ended it: dropped
         window = call.window
         window.available -= size
         if window.available < 0:
@@ -255,6 +271,7 @@ class GrpcConnection(Http2Connection):
         limits = self.limits
         if self.closing or len(self.calls) >= limits.h2_max_concurrent_streams:
             self.write(h2.rst_stream(stream_id, h2.REFUSED_STREAM))
+            self._end_early(stream_id)
             if not self.closing:
                 self.abuse.reset_stream("refused past SETTINGS_MAX_CONCURRENT_STREAMS")
             return
@@ -297,6 +314,7 @@ class GrpcConnection(Http2Connection):
         if problem is not None:
             log.info("refusing a malformed HTTP/2 request: %s", problem)
             self.write(h2.rst_stream(stream_id, h2.PROTOCOL_ERROR))
+            self._end_early(stream_id)
             self.abuse.reset_stream("malformed (RFC 9113 8.1.1)")
             return None
         self._checked, self._checked_length = headers, length
