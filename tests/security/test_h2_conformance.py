@@ -248,3 +248,18 @@ def test_data_in_flight_on_a_stream_we_ended_is_dropped(guarded: RunningServer) 
                 break
         assert client.seen.statuses()[1] == "8"
         assert _reset_code(client, 1, data(1, b"x" * 1000)) == h2.NO_ERROR
+
+
+@pytest.mark.parametrize(("method", "payload", "answers"), [
+    ("ModelInfer", MESSAGE[:7], 0), ("ModelInfer", MESSAGE + MESSAGE[:3], 0),
+    ("ModelStreamInfer", MESSAGE + MESSAGE[:7], 1), ("ModelStreamInfer", MESSAGE[:3], 0)])
+def test_a_request_that_ends_inside_a_message_is_internal(
+        guarded: RunningServer, method: str, payload: bytes, answers: int) -> None:
+    """As grpc-go (unexpected EOF). Before, a stream's truncated last request was dropped in
+    silence and the call ended OK; a unary one was INVALID_ARGUMENT."""
+    block = _replaced(":path", SERVICE + method)
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, block) + data(1, payload, True))
+        answer = _answer(client, 1)
+    assert answer["grpc-status"] == "13" and "inside a message" in answer["grpc-message"]
+    assert len([f for f in client.seen.frames if f[0] == h2.DATA and f[2] == 1]) == answers

@@ -121,7 +121,12 @@ def service_methods(servicer: object) -> dict[str, Method]:
     }
 
 
+_TRUNCATED = "the request ended inside a message (its length prefix announced more)"
+
+
 def _single_message(call: ServerCall) -> bytes:
+    if call.assembling:  # as grpc-go: io.ErrUnexpectedEOF is INTERNAL
+        raise AbortCall(GrpcStatus.INTERNAL, _TRUNCATED)
     message = call.next_message() if call.message_count == 1 else None
     if message is None:
         raise AbortCall(GrpcStatus.INVALID_ARGUMENT,
@@ -142,6 +147,8 @@ def _parse(request_type: Any, message: bytes) -> Any:
 async def _request_stream(call: ServerCall, request_type: Any) -> AsyncIterator[Any]:
     while (message := await call.read()) is not None:
         yield _parse(request_type, message)
+    if call.assembling:  # the messages before it are answered; the call ends INTERNAL
+        raise AbortCall(GrpcStatus.INTERNAL, _TRUNCATED)
 
 
 def _deadline_ns(call: ServerCall) -> int | None:
