@@ -70,6 +70,7 @@ class DataPlane:
         self.default_timeout_ns = int(default_timeout_ms * 1_000_000)
         self.max_override_bytes = MAX_FILES_BYTES  # a load's files (the server's request limit)
         self._inflight = 0
+        self.inflight_refusals = 0  # 429s for --max-inflight, server-wide (/metrics)
         self._ready = False
         self._asked: set[str] = set()  # loaded through the API (explicit: they should serve)
         self._unloaded: set[str] = set()  # unloaded through the API (all: they need not)
@@ -305,6 +306,7 @@ class DataPlane:
 
     def _check_inflight(self) -> None:
         if self._inflight >= self.max_inflight:
+            self.inflight_refusals += 1
             raise Overloaded(f"the server has {self._inflight} requests in flight, its "
                              "limit; retry shortly")
 

@@ -19,6 +19,7 @@ from tests.integration.http_helpers import (
     Reply,
     call,
     inference_count,
+    metric,
     occupy,
     wait_until_idle,
     wait_until_queued,
@@ -88,10 +89,14 @@ def test_a_full_queue_refuses_with_429_and_retry_after(server_factory: Factory,
 def test_the_server_wide_inflight_limit(server_factory: Factory, tmp_path: Path) -> None:
     server = server_factory(_slow_repository(tmp_path), "--max-inflight", "1")
     blocker = _occupy(server)
+    assert metric(server.url, "serval_inflight_limit") == 1
+    assert metric(server.url, "serval_inflight_requests") == 1  # the blocker
     refused = call(server.url, "POST", "/v2/models/slow/infer", _one_row())
     assert refused.status == 429 and "in flight" in refused.error
+    assert metric(server.url, "serval_inflight_refusals_total") == 1  # counted server-wide
     blocker.join(timeout=60)
     assert call(server.url, "POST", "/v2/models/slow/infer", _one_row()).status == 200
+    assert metric(server.url, "serval_inflight_requests") == 0
 
 
 def test_grpc_twin_of_a_full_queue(server_factory: Factory, tmp_path: Path) -> None:

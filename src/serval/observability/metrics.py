@@ -67,7 +67,8 @@ class RegistryGauges:
 
 @dataclass(frozen=True, slots=True)
 class TransportGauges:
-    """The transports' guards, both together: connections and the receive budget."""
+    """The server's guards, both transports together: connections, the receive budget and
+    requests in flight."""
 
     connections_open: int
     connections_limit: int
@@ -75,10 +76,14 @@ class TransportGauges:
     budget_held_bytes: int
     budget_bytes: int
     budget_refusals: int
+    inflight: int = 0
+    inflight_limit: int = 0
+    inflight_refusals: int = 0
 
 
 class TransportMetricsCollector(Collector):
-    """What the HTTP/1.1 and HTTP/2 guards hold and refuse: what an attack shows up as."""
+    """What the HTTP/1.1 and HTTP/2 guards and the in-flight limit hold and refuse: what an
+    attack or an overload shows up as."""
 
     def __init__(self, read: Callable[[], TransportGauges]) -> None:
         self._read = read
@@ -102,6 +107,13 @@ class TransportMetricsCollector(Collector):
         yield CounterMetricFamily("serval_receive_budget_refusals", "Requests refused (429 / "
                                   "RESOURCE_EXHAUSTED) because the budget was full",
                                   gauges.budget_refusals)
+        yield GaugeMetricFamily("serval_inflight_requests", "Inference requests in flight "
+                                "now, server-wide", gauges.inflight)
+        yield GaugeMetricFamily("serval_inflight_limit", "The in-flight limit "
+                                "(--max-inflight)", gauges.inflight_limit)
+        yield CounterMetricFamily("serval_inflight_refusals", "Requests refused (429 / "
+                                  "RESOURCE_EXHAUSTED) at the in-flight limit, before any "
+                                  "model's queue", gauges.inflight_refusals)
 
 
 class RegistryMetricsCollector(Collector):

@@ -95,8 +95,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
     dataplane.max_override_bytes = max(guards.limits.max_request_bytes,  # a load's files
                                        guards.limits.max_message_bytes)
-    app = HttpApp(dataplane, build_metrics(registry, guards, config.metrics_top_k), auth, status,
-                  guards.limits.max_request_bytes)
+    app = HttpApp(dataplane, build_metrics(registry, guards, config.metrics_top_k, dataplane),
+                  auth, status, guards.limits.max_request_bytes)
     return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)
 
 
@@ -184,8 +184,8 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
     )
 
 
-def build_metrics(registry: ModelRegistry, guards: TransportGuards,
-                  top_k: int) -> CollectorRegistry:
+def build_metrics(registry: ModelRegistry, guards: TransportGuards, top_k: int,
+                  dataplane: DataPlane | None = None) -> CollectorRegistry:
     """The Prometheus registry: per-model series, the registry's gauges, the transports'."""
     return build_registry(
         ModelMetricsCollector(registry.all_models, registry.totals, top_k=top_k),
@@ -194,15 +194,19 @@ def build_metrics(registry: ModelRegistry, guards: TransportGuards,
             registry.memory_budget_bytes, registry.hits, registry.misses,
             registry.load_seconds, registry.cache.capacity, registry.cache.bytes,
             len(registry.cache), registry.cache.evictions)),
-        TransportMetricsCollector(lambda: transport_gauges(guards)),
+        TransportMetricsCollector(lambda: transport_gauges(guards, dataplane)),
     )
 
 
-def transport_gauges(guards: TransportGuards) -> TransportGauges:
-    """What the transports' guards hold and have refused, read at scrape time."""
+def transport_gauges(guards: TransportGuards, dataplane: DataPlane | None = None
+                     ) -> TransportGauges:
+    """What the transports' guards and the in-flight limit hold and have refused, read at
+    scrape time."""
     return TransportGauges(len(guards.gate.open), guards.gate.max_connections,
                            dict(guards.abuse.counts), guards.budget.held_bytes,
-                           guards.budget.limit_bytes, guards.budget.refused)
+                           guards.budget.limit_bytes, guards.budget.refused,
+                           *((dataplane.inflight, dataplane.max_inflight,
+                              dataplane.inflight_refusals) if dataplane else ()))
 
 
 @dataclass
