@@ -95,7 +95,7 @@ _SERVER_WIDE = ("serval_resident_bytes", "serval_memory_budget_bytes", "serval_m
                 "serval_model_evictions", "serval_model_cache_", "serval_model_load_duration",
                 "serval_response_cache_bytes", "serval_response_cache_capacity",
                 "serval_response_cache_evictions", "serval_connections_",
-                "serval_receive_budget_", "process_")
+                "serval_receive_budget_", "serval_inflight_", "process_")
 
 
 def test_the_dashboards_variables_filter_every_panel() -> None:
