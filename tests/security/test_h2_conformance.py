@@ -263,3 +263,18 @@ def test_a_request_that_ends_inside_a_message_is_internal(
         answer = _answer(client, 1)
     assert answer["grpc-status"] == "13" and "inside a message" in answer["grpc-message"]
     assert len([f for f in client.seen.frames if f[0] == h2.DATA and f[2] == 1]) == answers
+
+
+def test_trailers_in_flight_on_a_stream_we_ended_are_dropped(guarded: RunningServer) -> None:
+    """An unknown method is answered at its headers (UNIMPLEMENTED, RST_STREAM NO_ERROR); the
+    client's trailers, sent before it learned, ended the whole connection with a
+    PROTOCOL_ERROR GOAWAY (every other call on it lost). RFC 9113 5.1: ignored."""
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, _replaced(":path", SERVICE + "NoSuchMethod")))
+        for _ in range(50):
+            if 1 in client.read(0.1).statuses():
+                break
+        assert client.seen.statuses()[1] == "12"
+        trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1,
+                            encode_headers([("x-checksum", "1")]))
+        assert _reset_code(client, 1, data(1, MESSAGE) + trailers) == h2.NO_ERROR

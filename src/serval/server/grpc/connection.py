@@ -63,8 +63,9 @@ class GrpcConnection(Http2Connection):
         self.calls: dict[int, ServerCall] = {}
         self.blocked: set[ServerCall] = set()
         self._starting: list[ServerCall] = []
-        # streams the server ended before the client's END_STREAM, newest last: DATA the
-        # client sent before it learned is dropped; on other closed streams it is an error
+        # streams the server ended before the client's END_STREAM, newest last: DATA or
+        # trailers the client sent before it learned are dropped; on other closed streams they
+        # are errors
         self._ended_early: dict[int, None] = {}
         self._checked: list[tuple[str, str]] | None = None  # the last well-formed request's
         self._checked_length = -1  # list (a cached block's comes back as the same list)
@@ -264,6 +265,8 @@ class GrpcConnection(Http2Connection):
             else:
                 self._end_remote(call)
             return
+        if stream_id in self._ended_early:  # its trailers, sent before the client learned
+            return  # we ended it (decoded above: the HPACK table stays in step)
         if stream_id <= self.last_stream_id or not stream_id & 1:
             raise h2.ProtocolError(f"client opened stream {stream_id} after "
                                    f"{self.last_stream_id} (ids must be odd and increase)")
