@@ -9,11 +9,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import Reply, call, infer
-from tests.triton_python_models import write
+from tests.integration.stream_helpers import stream_responses
+from tests.triton_python_models import write, write_pbtxt
 
 pytestmark = pytest.mark.integration
 Factory = Callable[..., RunningServer]
@@ -97,10 +101,37 @@ class TritonPythonModel:
 '''
 
 
+# decoupled: an answer pickle refuses, then a good one, then the end
+STREAMS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for value in ((lambda: 0), b"after"):
+                output = pb_utils.Tensor("OUTPUT0", np.array([[value]], dtype=np.object_))
+                sender.send(pb_utils.InferenceResponse([output]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+STREAM_PBTXT = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 1
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] }} ]
+model_transaction_policy {{ decoupled: true }}
+"""
+
+
 @pytest.fixture(scope="module")
 def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root: Path = tmp_path_factory.mktemp("worker-faults")
     write(root, "faults", FAULTS, CONFIG)
+    write_pbtxt(root, "streams", STREAMS, STREAM_PBTXT)
     write(root, "isolated", ISOLATED, CONFIG.replace("max_batch_size: 2",
                                                      "max_batch_size: 1\nisolation: process"))
     return server_factory(root, "--allow-python-models")
@@ -165,3 +196,14 @@ def test_a_failed_initialize_that_left_a_thread_running_ends_its_load(
         assert "cannot initialize" in reply.error
         pid = int((folder / "worker.pid").read_text())
         assert not Path(f"/proc/{pid}").exists()  # reaped before the load answered
+
+
+def test_a_streamed_answer_that_cannot_be_sent_is_an_error_and_the_stream_goes_on(
+        server: RunningServer) -> None:
+    x = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    for _ in range(2):  # the same worker serves the next request as well
+        first, second = stream_responses(server.grpc_url, "streams", [x], 2)
+        assert isinstance(first, InferenceServerException), first
+        assert "the model failed to run the request" in str(first.message())
+        assert second.as_numpy("OUTPUT0").tolist() == [[b"after"]]
