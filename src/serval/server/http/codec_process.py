@@ -47,20 +47,25 @@ class CodecProcess:
         self._pool: ProcessPoolExecutor | None = None
 
     async def decode(self, body: bytes, header_length: int | None) -> InferRequest:
+        if len(body) <= INLINE_BYTES_BODY:  # most requests: nothing more to judge
+            return decode_request(body, header_length)
         json_bytes = len(body) if header_length is None else min(header_length, len(body))
         if json_bytes > LARGE_JSON_BYTES:
             request, packed = await self._run(_decode_packed, body, header_length)
             if packed:  # BYTES come back as their wire bytes: unpacked on a thread
                 await asyncio.to_thread(_unpack, request, packed)
             return request
-        if len(body) > INLINE_BYTES_BODY and b'"BYTES"' in body[:json_bytes]:
+        if body.find(b'"BYTES"', 0, json_bytes) >= 0:
             return await asyncio.to_thread(decode_request, body, header_length)
         return decode_request(body, header_length)
 
     async def encode(self, response: InferResponse, request: InferRequest
                      ) -> tuple[bytes, int | None]:
+        outputs = response.outputs.values()
+        if sum(array.size for array in outputs) <= INLINE_BYTES_ELEMENTS:  # most answers
+            return encode_response(response, request)
         if any(array.dtype == object and array.size > INLINE_BYTES_ELEMENTS
-               for array in response.outputs.values()):
+               for array in outputs):
             return await asyncio.to_thread(encode_response, response, request)
         if json_elements(response, request) <= LARGE_JSON_ELEMENTS:
             return encode_response(response, request)
