@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import RunningServer
 from tests.integration.test_generate import WORDS, WORDS_CONFIG
 from tests.security.conftest import Factory, closed_within, connect, security_repository
-from tests.security.http1_helpers import BODY, read_until, statuses
+from tests.security.http1_helpers import BODY, create_token, read_until, statuses
 from tests.triton_python_models import write
 
 pytestmark = pytest.mark.integration
@@ -149,3 +149,19 @@ def test_trailer_fields_are_not_merged_into_the_headers(served: RunningServer) -
                      b"chunked\r\n\r\n%x\r\n%s\r\n0\r\nContent-Encoding: gzip\r\nX-A: b\r\n\r\n"
                      % (len(BODY), BODY) + LIVE)
         assert statuses(_answers(sock, 2)) == [200, 200]
+
+
+def test_head_is_authorized_as_get_even_with_a_body(server_factory: Factory,
+                                                    tmp_path_factory: pytest.TempPathFactory
+                                                    ) -> None:
+    """The body-time authorization check must see the GET it is served as: a HEAD /metrics
+    carrying a body, with no token, gets 401 as a GET would."""
+    root = security_repository(tmp_path_factory.mktemp("http1-head-auth"))
+    tokens = root.parent / f"{root.name}-tokens.yaml"
+    create_token(tokens, "read")
+    secured = server_factory(root, "--auth-tokens", str(tokens))
+    with connect(secured.port) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\n\r\nx"
+                     b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+        received = closed_within(sock, 5.0)
+    assert received.startswith(b"HTTP/1.1 401") and received.count(b"HTTP/1.1 ") == 1

@@ -119,16 +119,20 @@ class HttpProtocol(RequestReader):
 
     def pause_writing(self) -> None:
         self.write_paused, self.write_paused_at = True, self.loop.time()
+        if self.transport is not None:
+            self.guards.backlog.paused(self, self.transport.get_write_buffer_size())
         self._update_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.guards.backlog.resumed(self)
         self._update_reading()
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guards.gate.release(self)
+        self.guards.backlog.resumed(self)
         self.tracker.connections.discard(self)
         if self.timer is not None:
             self.timer.stop()
@@ -259,9 +263,8 @@ class HttpProtocol(RequestReader):
                     await asyncio.sleep(early_s)
                     reply = (429, _TOO_EARLY_BODY,
                              [*JSON_HEADERS, (b"retry-after", self.retry_after)])
-                else:  # HEAD is GET without the body (RFC 9110 9.3.2; encode_reply drops it)
-                    method = "GET" if item.method == "HEAD" else item.method
-                    reply = await self.app.handle(method, item.path, item.headers,
+                else:
+                    reply = await self.app.handle(item.method, item.path, item.headers,
                                                   item.body, item.query, item.authorized)
                 if self.transport is None:
                     if isinstance(reply, StreamedReply):
@@ -270,13 +273,12 @@ class HttpProtocol(RequestReader):
                 keep_alive = item.keep_alive and not self.closing
                 if isinstance(reply, StreamedReply):
                     keep_alive = keep_alive and not item.http10  # 1.0: ends at the close
-                    if not await self._stream(reply, keep_alive, not item.http10,
-                                              item.method == "HEAD"):
+                    if not await self._stream(reply, keep_alive, not item.http10, item.head):
                         return  # the client went away mid-answer
                 else:
                     if reply[0] == 429:
                         self._note_refusal(reply[2])
-                    self.transport.write(encode_reply(reply, keep_alive, item.method == "HEAD",
+                    self.transport.write(encode_reply(reply, keep_alive, item.head,
                                                       self.server_lines, item.http10))
                 if item.reserved:
                     self._release(item.reserved)

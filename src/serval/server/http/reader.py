@@ -37,6 +37,7 @@ class Request:
     reserved: int = 0  # bytes of the receive budget held until the answer is written
     authorized: Token | None = None  # the caller the app's precheck found (None: not asked)
     http10: bool = False  # an HTTP/1.0 request: no chunked answer, keep-alive said aloud
+    head: bool = False  # HEAD: served as GET (authorization too), answered without the body
 
 
 class _Refused(Exception):
@@ -71,6 +72,7 @@ class RequestReader(asyncio.Protocol):
         self.body_bytes = self.header_bytes = self.reserved = self.header_count = 0
         self.content_length = -1  # -1: none given
         self.chunked = self.expect_continue = self.continue_owed = self.http10 = False
+        self.head = False
         self.authorized: Token | None = None
         self.method, self.path, self.query = "", "", ""
 
@@ -178,6 +180,8 @@ class RequestReader(asyncio.Protocol):
         except httptools.HttpParserError:
             self._abort(400, "malformed HTTP request: invalid request target")
         self.method = self.parser.get_method().decode("latin-1")
+        if self.method == "HEAD":  # RFC 9110 9.3.2: GET's answer without its body
+            self.method, self.head = "GET", True
         if self.parser.get_http_version() != "1.1":
             self._old_version()
         self.path = unquote(url.path.decode("latin-1"))
@@ -222,7 +226,7 @@ class RequestReader(asyncio.Protocol):
             del self.headers[self.header_count:]  # limits, never merged (RFC 9110 6.5.1)
         request = Request(self.method, self.path, self.headers, b"".join(self.body),
                           self.parser.should_keep_alive(), self.query, self.reserved,
-                          self.authorized, self.http10)
+                          self.authorized, self.http10, self.head)
         self.reserved = 0  # the request holds it now
         self.body = []
         self._enqueue(request)
