@@ -186,22 +186,23 @@ def test_requests_that_are_not_grpc_get_an_http_status(guarded: RunningServer, b
 
 @pytest.mark.parametrize("timeout", ["abc", "-5S", "+5S", "123456789S", "9" * 300 + "H", "5",
                                      "5x"])
-def test_a_malformed_grpc_timeout_is_internal(guarded: RunningServer, timeout: str) -> None:
-    """As grpc-go. Before, junk was ignored, '-5S' was a deadline in the past and 300 digits
-    overflowed into an INTERNAL 'internal server error' with a traceback in the log."""
+def test_a_malformed_grpc_timeout_is_refused(guarded: RunningServer, timeout: str) -> None:
+    """INVALID_ARGUMENT (grpc-go: INTERNAL, kept here for the server's faults). Before, junk
+    was ignored, '-5S' was a deadline in the past and 300 digits overflowed into an INTERNAL
+    'internal server error' with a traceback in the log."""
     with RawH2(guarded.grpc_port) as client:
         client.send(headers(1, _with(("grpc-timeout", timeout))) + data(1, MESSAGE, True))
         answer = _answer(client, 1)
-    assert answer["grpc-status"] == "13" and "malformed grpc-timeout" in answer["grpc-message"]
+    assert answer["grpc-status"] == "3" and "malformed grpc-timeout" in answer["grpc-message"]
 
 
 @pytest.mark.parametrize(("encoding", "flag", "status"), [
-    (None, 1, "13"), ("identity", 1, "13"), ("gzip", 2, "13"), ("snappy", 1, "12")])
-def test_compression_errors_get_grpc_gos_codes(guarded: RunningServer, encoding: str | None,
+    (None, 1, "3"), ("identity", 1, "3"), ("gzip", 2, "3"), ("snappy", 1, "12")])
+def test_compression_errors_get_precise_codes(guarded: RunningServer, encoding: str | None,
                                                flag: int, status: str) -> None:
-    """A compressed flag without an encoding, or a flag of 2, is INTERNAL; an encoding we lack
-    is UNIMPLEMENTED and says which we have (grpc-accept-encoding). Before: all three
-    UNIMPLEMENTED, none naming the encodings."""
+    """A compressed flag without an encoding, or a flag of 2, is INVALID_ARGUMENT (grpc-go:
+    INTERNAL); an encoding we lack is UNIMPLEMENTED and says which we have
+    (grpc-accept-encoding). Before: all three UNIMPLEMENTED, none naming the encodings."""
     block = _with(("grpc-encoding", encoding)) if encoding else _with()
     with RawH2(guarded.grpc_port) as client:
         client.send(headers(1, block) + data(1, bytes([flag]) + MESSAGE[1:], True))
@@ -253,15 +254,15 @@ def test_data_in_flight_on_a_stream_we_ended_is_dropped(guarded: RunningServer) 
 @pytest.mark.parametrize(("method", "payload", "answers"), [
     ("ModelInfer", MESSAGE[:7], 0), ("ModelInfer", MESSAGE + MESSAGE[:3], 0),
     ("ModelStreamInfer", MESSAGE + MESSAGE[:7], 1), ("ModelStreamInfer", MESSAGE[:3], 0)])
-def test_a_request_that_ends_inside_a_message_is_internal(
+def test_a_request_that_ends_inside_a_message_is_refused(
         guarded: RunningServer, method: str, payload: bytes, answers: int) -> None:
-    """As grpc-go (unexpected EOF). Before, a stream's truncated last request was dropped in
-    silence and the call ended OK; a unary one was INVALID_ARGUMENT."""
+    """INVALID_ARGUMENT, naming the truncation (grpc-go: INTERNAL). Before, a stream's
+    truncated last request was dropped in silence and the call ended OK."""
     block = _replaced(":path", SERVICE + method)
     with RawH2(guarded.grpc_port) as client:
         client.send(headers(1, block) + data(1, payload, True))
         answer = _answer(client, 1)
-    assert answer["grpc-status"] == "13" and "inside a message" in answer["grpc-message"]
+    assert answer["grpc-status"] == "3" and "inside a message" in answer["grpc-message"]
     assert len([f for f in client.seen.frames if f[0] == h2.DATA and f[2] == 1]) == answers
 
 

@@ -125,8 +125,8 @@ _TRUNCATED = "the request ended inside a message (its length prefix announced mo
 
 
 def _single_message(call: ServerCall) -> bytes:
-    if call.assembling:  # as grpc-go: io.ErrUnexpectedEOF is INTERNAL
-        raise AbortCall(GrpcStatus.INTERNAL, _TRUNCATED)
+    if call.assembling:  # grpc-go: INTERNAL (unexpected EOF); the client's fault here
+        raise AbortCall(GrpcStatus.INVALID_ARGUMENT, _TRUNCATED)
     message = call.next_message() if call.message_count == 1 else None
     if message is None:
         raise AbortCall(GrpcStatus.INVALID_ARGUMENT,
@@ -147,19 +147,21 @@ def _parse(request_type: Any, message: bytes) -> Any:
 async def _request_stream(call: ServerCall, request_type: Any) -> AsyncIterator[Any]:
     while (message := await call.read()) is not None:
         yield _parse(request_type, message)
-    if call.assembling:  # the messages before it are answered; the call ends INTERNAL
-        raise AbortCall(GrpcStatus.INTERNAL, _TRUNCATED)
+    if call.assembling:  # the messages before it are answered, then this status
+        raise AbortCall(GrpcStatus.INVALID_ARGUMENT, _TRUNCATED)
 
 
 def _deadline_ns(call: ServerCall) -> int | None:
     """grpc-timeout ("100m", "5S", ...) as a perf_counter deadline; None when absent. As the
-    gRPC spec says and grpc-go does, anything but 1 to 8 ASCII digits and a unit is INTERNAL
-    (int() took '-5', '+5', ' 5' and thousands of digits, whose deadline overflowed later)."""
+    gRPC spec says, anything but 1 to 8 ASCII digits and a unit is refused (INVALID_ARGUMENT:
+    grpc-go's INTERNAL is kept here for the server's own faults); int() took '-5', '+5', ' 5'
+    and hundreds of digits, whose deadline overflowed later."""
     timeout = call.header("grpc-timeout")
     if timeout is None:
         return None
     amount, unit = timeout[:-1], timeout[-1:]
     if not (0 < len(amount) <= 8 and amount.isdigit() and amount.isascii()) or (
             unit not in _TIMEOUT_UNITS_NS):
-        raise AbortCall(GrpcStatus.INTERNAL, f"malformed grpc-timeout {timeout[:20]!r}")
+        raise AbortCall(GrpcStatus.INVALID_ARGUMENT,
+                        f"malformed grpc-timeout {timeout[:20]!r}")
     return call.received_ns + int(amount) * _TIMEOUT_UNITS_NS[unit]

@@ -357,15 +357,16 @@ class ServerCall:
 
 
 def _decompress(flag: int, message: bytes, encoding: str | None, limit_bytes: int) -> bytes:
-    """A compressed message inflated. As grpc-go: a flag other than 1, or 1 without an
-    encoding, is INTERNAL; an encoding we lack is UNIMPLEMENTED, naming those we have in
-    grpc-accept-encoding (the gRPC compression spec), so the client can pick one."""
+    """A compressed message inflated. A flag other than 1, or 1 without an encoding, is the
+    client's error: INVALID_ARGUMENT (grpc-go says INTERNAL, which here is kept for the
+    server's own faults, as the fuzzers check); an encoding we lack is UNIMPLEMENTED, naming
+    those we have in grpc-accept-encoding (the gRPC compression spec)."""
     if flag != 1:
-        raise CallFailed(GrpcStatus.INTERNAL, f"message flag {flag}: neither 0 (plain) nor "
-                         "1 (compressed)")
+        raise CallFailed(GrpcStatus.INVALID_ARGUMENT, f"message flag {flag}: neither 0 "
+                         "(plain) nor 1 (compressed)")
     if encoding is None or encoding == "identity":
-        raise CallFailed(GrpcStatus.INTERNAL, "compressed flag set with identity or no "
-                         "grpc-encoding")
+        raise CallFailed(GrpcStatus.INVALID_ARGUMENT, "compressed flag set with identity or "
+                         "no grpc-encoding")
     if encoding not in ("gzip", "deflate"):
         raise CallFailed(GrpcStatus.UNIMPLEMENTED, f"compressed message with unsupported "
                          f"grpc-encoding '{encoding[:40]}' (supported: gzip, deflate)",
