@@ -79,6 +79,7 @@ class TransportGauges:
     inflight: int = 0
     inflight_limit: int = 0
     inflight_refusals: int = 0
+    send_backlog_bytes: int = 0
 
 
 class TransportMetricsCollector(Collector):
@@ -107,6 +108,9 @@ class TransportMetricsCollector(Collector):
         yield CounterMetricFamily("serval_receive_budget_refusals", "Requests refused (429 / "
                                   "RESOURCE_EXHAUSTED) because the budget was full",
                                   gauges.budget_refusals)
+        yield GaugeMetricFamily("serval_send_backlog_bytes", "Bytes of answers written but "
+                                "not yet taken by clients whose connections stalled (bounded "
+                                "by the receive budget's size)", gauges.send_backlog_bytes)
         yield GaugeMetricFamily("serval_inflight_requests", "Inference requests in flight "
                                 "now, server-wide", gauges.inflight)
         yield GaugeMetricFamily("serval_inflight_limit", "The in-flight limit "

@@ -206,7 +206,8 @@ def transport_gauges(guards: TransportGuards, dataplane: DataPlane | None = None
                            dict(guards.abuse.counts), guards.budget.held_bytes,
                            guards.budget.limit_bytes, guards.budget.refused,
                            *((dataplane.inflight, dataplane.max_inflight,
-                              dataplane.inflight_refusals) if dataplane else ()))
+                              dataplane.inflight_refusals) if dataplane else (0, 0, 0)),
+                           guards.backlog.held_bytes)
 
 
 @dataclass

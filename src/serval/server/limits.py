@@ -127,6 +127,44 @@ class ReceiveBudget:
                 "must wait: retry shortly")
 
 
+class SendBacklog:
+    """Bytes of answers written but not yet taken by their clients, server-wide, counted for
+    the connections whose writing is paused (their unsent bytes past the write-buffer mark).
+
+    A client that reads nothing holds its answer until the write-stall timeout; many such
+    clients (or one asking on many connections for answers far larger than its requests)
+    could make the server hold answers without bound meanwhile. Past `limit_bytes` (the
+    receive budget's size) the connections paused longest are closed at once, a write stall
+    cut short; the one that has just paused is spared (a single answer larger than the limit
+    keeps its own timeout), so at most the limit plus one answer is held.
+    """
+
+    def __init__(self, limit_bytes: int, log: AbuseLog) -> None:
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+        self._held: dict[GatedConnection, int] = {}  # insertion order: paused longest first
+        self._log = log
+
+    def paused(self, connection: GatedConnection, unsent_bytes: int) -> None:
+        self.resumed(connection)
+        self._held[connection] = unsent_bytes
+        self.held_bytes += unsent_bytes
+        while self.held_bytes > self.limit_bytes:
+            victim = next(iter(self._held))
+            if victim is connection:
+                return
+            self.resumed(victim)
+            self._log.closed("send backlog", "answers not taken by their clients passed "
+                             f"{self.limit_bytes} bytes server-wide (--receive-budget-mb): "
+                             "closed the connection that had stalled longest")
+            victim.evict()
+
+    def resumed(self, connection: GatedConnection) -> None:
+        unsent = self._held.pop(connection, None)
+        if unsent is not None:
+            self.held_bytes -= unsent
+
+
 class AbuseLog:
     """Connections closed for abuse: one warning line per kind at most every `interval_s`.
 
@@ -136,7 +174,8 @@ class AbuseLog:
 
     # every kind the transports close for, counted from 0 (the metric's series exist up front)
     KINDS = ("connection limit", "header timeout", "body timeout", "header limit",
-             "request limit", "malformed", "write stall", "stalled gRPC request", "http2 flood")
+             "request limit", "malformed", "write stall", "send backlog", "stalled gRPC request",
+             "http2 flood")
 
     def __init__(self, interval_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -156,12 +195,14 @@ class AbuseLog:
 
 @dataclass(frozen=True, slots=True)
 class TransportGuards:
-    """What every connection of one server shares: its limits and the two server-wide budgets."""
+    """What every connection of one server shares: its limits, the server-wide budgets and
+    the backlog of answers not taken."""
 
     limits: TransportLimits
     gate: ConnectionGate
     budget: ReceiveBudget
     abuse: AbuseLog
+    backlog: SendBacklog
 
     @classmethod
     def build(cls, limits: TransportLimits) -> TransportGuards:
@@ -169,4 +210,5 @@ class TransportGuards:
             limits = replace(limits, max_connections=auto_max_connections())
         abuse = AbuseLog()
         return cls(limits, ConnectionGate(limits.max_connections, abuse),
-                   ReceiveBudget(limits.receive_budget_bytes), abuse)
+                   ReceiveBudget(limits.receive_budget_bytes), abuse,
+                   SendBacklog(limits.receive_budget_bytes, abuse))

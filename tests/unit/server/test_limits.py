@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from serval.config import TransportLimits
 from serval.observability.metrics import TransportMetricsCollector, build_registry
 from serval.server.build import transport_gauges
-from serval.server.limits import AbuseLog, ConnectionGate, TransportGuards
+from serval.server.limits import AbuseLog, ConnectionGate, SendBacklog, TransportGuards
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +102,22 @@ def test_while_every_connection_is_busy_a_flood_of_new_ones_is_not_a_scan_each()
     clock.now += ConnectionGate.BUSY_RESCAN_S
     assert gate.admit(_Connection())
     assert held[5].evicted
+
+
+def test_past_its_limit_the_send_backlog_closes_the_connections_stalled_longest() -> None:
+    abuse = AbuseLog()
+    backlog = SendBacklog(10, abuse)
+    first, second, third = _Connection(), _Connection(), _Connection()
+    backlog.paused(first, 4)
+    backlog.paused(second, 4)
+    assert backlog.held_bytes == 8 and not first.evicted
+    backlog.paused(third, 3)  # 11 > 10: the one stalled longest goes, then it fits
+    assert first.evicted and not second.evicted and not third.evicted
+    assert backlog.held_bytes == 7 and abuse.counts["send backlog"] == 1
+    backlog.resumed(second)
+    assert backlog.held_bytes == 3
+    backlog.paused(third, 30)  # one answer larger than the limit: spared, its own timeout
+    assert not third.evicted and backlog.held_bytes == 30
+    backlog.resumed(third)
+    backlog.resumed(third)  # twice (resumed, then lost): counted once
+    assert backlog.held_bytes == 0
