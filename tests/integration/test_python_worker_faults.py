@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,6 +118,24 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 '''
+# decoupled: sys.exit() in execute() on a 1, else one answer
+STREAM_EXITS = '''
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if x[0, 0] == 1:
+                sys.exit(3)
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x.astype(bytes))]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
 STREAM_PBTXT = """\
 name: "{name}"
 backend: "python"
@@ -132,6 +151,7 @@ def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) ->
     root: Path = tmp_path_factory.mktemp("worker-faults")
     write(root, "faults", FAULTS, CONFIG)
     write_pbtxt(root, "streams", STREAMS, STREAM_PBTXT)
+    write_pbtxt(root, "stream_exits", STREAM_EXITS, STREAM_PBTXT)
     write(root, "isolated", ISOLATED, CONFIG.replace("max_batch_size: 2",
                                                      "max_batch_size: 1\nisolation: process"))
     return server_factory(root, "--allow-python-models")
@@ -207,3 +227,15 @@ def test_a_streamed_answer_that_cannot_be_sent_is_an_error_and_the_stream_goes_o
         assert isinstance(first, InferenceServerException), first
         assert "the model failed to run the request" in str(first.message())
         assert second.as_numpy("OUTPUT0").tolist() == [[b"after"]]
+
+
+def test_sys_exit_in_a_decoupled_execute_fails_its_request_not_the_model(
+        server: RunningServer) -> None:
+    def first_answer(value: float) -> Any:
+        x = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+        x.set_data_from_numpy(np.full((1, 1), value, np.float32))
+        return stream_responses(server.grpc_url, "stream_exits", [x], 1, timeout_s=20)[0]
+
+    failed = first_answer(1.0)
+    assert isinstance(failed, InferenceServerException), failed
+    assert first_answer(0.0).as_numpy("OUTPUT0").tolist() == [[b"0.0"]]

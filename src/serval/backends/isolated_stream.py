@@ -38,6 +38,7 @@ from serval.backends.isolated import (
     load_in_child,
     serve_child,
 )
+from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
 from serval.backends.pipe_responses import RESPONSE as _RESPONSE
 from serval.backends.pipe_responses import recv_response, send_response
@@ -317,8 +318,8 @@ class ChildStreams:
             batch_id, requests = item
             try:
                 results = self.model.infer_requests(requests)
-            except Exception as exc:
-                self._send((_FAILED, batch_id, f"{type(exc).__name__}: {exc}"))
+            except (Exception, *MODEL_EXITS) as exc:  # sys.exit() ended this thread: wedged
+                self._send((_FAILED, batch_id, model_exception(exc)))
                 continue
             with self.send_lock:
                 self.conn.send((_EXECUTED, batch_id))
