@@ -21,7 +21,8 @@ from serval.protocol.types import TensorDict
 
 @dataclass(frozen=True, slots=True)
 class EncodedTensors:
-    """What send_tensors writes: the header, then a pickle (bytes) or an array per tensor."""
+    """What send_tensors writes: the header, then a pickle (a buffer) or an array per
+    tensor."""
 
     header: list[tuple[str, str, tuple[int, ...]]]
     payloads: list[Any]
@@ -44,7 +45,7 @@ def encode_tensors(tensors: TensorDict) -> EncodedTensors:
         header.append((name, array.dtype.str, array.shape))
         if array.dtype.hasobject:
             try:
-                payloads.append(bytes(ForkingPickler.dumps(array)))
+                payloads.append(ForkingPickler.dumps(array))  # a buffer: no copy
             except Exception as exc:
                 raise UnsendableTensor(f"tensor '{name}' cannot be sent: its elements must be "
                                        f"bytes or str ({type(exc).__name__}: {exc})") from exc
@@ -57,10 +58,10 @@ def write_tensors(conn: Connection, encoded: EncodedTensors) -> None:
     """Write what encode_tensors made (nothing here can fail but the pipe)."""
     conn.send(("tensors", encoded.header))
     for payload in encoded.payloads:
-        if isinstance(payload, bytes):
-            conn.send_bytes(payload)  # recv() unpickles it
-        else:  # ravel copies only what is not C-contiguous already
+        if isinstance(payload, np.ndarray):  # ravel copies only what is not C-contiguous
             conn.send_bytes(np.ravel(payload).view(np.uint8).data)
+        else:
+            conn.send_bytes(payload)  # a pickle: recv() unpickles it
 
 
 def send_tensors(conn: Connection, tensors: TensorDict) -> None:
