@@ -279,3 +279,25 @@ def test_trailers_in_flight_on_a_stream_we_ended_are_dropped(guarded: RunningSer
         trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1,
                             encode_headers([("x-checksum", "1")]))
         assert _reset_code(client, 1, data(1, MESSAGE) + trailers) == h2.NO_ERROR
+
+
+def test_a_long_trailer_block_is_split_to_the_clients_frame_size(guarded: RunningServer) -> None:
+    """An unknown 30 KB method name comes back in grpc-message: before, as one 30 KB HEADERS
+    frame, past the client's 16 KiB SETTINGS_MAX_FRAME_SIZE (a conformant client ends the
+    connection with FRAME_SIZE_ERROR); now HEADERS + CONTINUATION, each within it."""
+    block = _replaced(":path", "/" + "p" * 30_000)
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, block) + data(1, MESSAGE, True))
+        for _ in range(50):
+            client.read(0.1)
+            if any(kind in (h2.HEADERS, h2.CONTINUATION) and flags & h2.END_HEADERS
+                   and sid == 1 for kind, flags, sid, _ in client.seen.frames):
+                break
+    frames = [(kind, flags, payload) for kind, flags, sid, payload in client.seen.frames
+              if sid == 1 and kind in (h2.HEADERS, h2.CONTINUATION)]
+    assert all(len(payload) <= h2.DEFAULT_MAX_FRAME_BYTES for _, _, payload in frames)
+    assert [kind for kind, _, _ in frames] == [h2.HEADERS] + [h2.CONTINUATION] * (
+        len(frames) - 1) and len(frames) > 1
+    assert frames[0][1] & h2.END_STREAM and frames[-1][1] & h2.END_HEADERS
+    answer = dict(HpackDecoder().decode(b"".join(payload for _, _, payload in frames)))
+    assert answer["grpc-status"] == "12" and len(answer["grpc-message"]) > 30_000

@@ -51,6 +51,19 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     return _HEADER.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
 
 
+def headers_frames(stream_id: int, block: bytes, flags: int, max_frame_bytes: int) -> bytes:
+    """A header block as HEADERS and, past the peer's SETTINGS_MAX_FRAME_SIZE, CONTINUATION
+    frames (RFC 9113 4.2, 6.10), to be written together; `flags` (END_STREAM) on the HEADERS."""
+    if len(block) <= max_frame_bytes:
+        return frame(HEADERS, flags | END_HEADERS, stream_id, block)
+    parts = [frame(HEADERS, flags & ~END_HEADERS, stream_id, block[:max_frame_bytes])]
+    for start in range(max_frame_bytes, len(block), max_frame_bytes):
+        last = start + max_frame_bytes >= len(block)
+        parts.append(frame(CONTINUATION, END_HEADERS if last else 0, stream_id,
+                           block[start:start + max_frame_bytes]))
+    return b"".join(parts)
+
+
 def settings_frame(settings: dict[int, int]) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(k, v) for k, v in settings.items()))
 

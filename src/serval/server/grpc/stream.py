@@ -66,6 +66,7 @@ class CallOwner(Protocol):
 
     write_paused: bool
     response_headers: ResponseHeaders
+    peer_max_frame_bytes: int  # the client's SETTINGS_MAX_FRAME_SIZE
 
     def write(self, data: bytes) -> None: ...
 
@@ -300,8 +301,12 @@ class ServerCall:
             block = encode_headers(trailers)
         if not self._headers_sent:
             block = self.owner.response_headers.block + block
-        self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, self.stream_id,
-                                  block)
+        if len(block) <= h2.DEFAULT_MAX_FRAME_BYTES:  # fits any peer's frames
+            self._trailers = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM,
+                                      self.stream_id, block)
+        else:  # (a long grpc-message) split to fit the peer's SETTINGS_MAX_FRAME_SIZE
+            self._trailers = h2.headers_frames(self.stream_id, block, h2.END_STREAM,
+                                               self.owner.peer_max_frame_bytes)
         self.owner.send_pending(self)
 
     def abort(self, status: GrpcStatus, message: str,
