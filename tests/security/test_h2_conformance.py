@@ -88,6 +88,19 @@ MALFORMED: dict[str, bytes] = {
 }
 
 
+def test_content_length_is_checked_on_a_repeated_block(guarded: RunningServer) -> None:
+    """The same header block again (the decoder's cache hands back the same list, whose check
+    is remembered) still may not announce a body and send none."""
+    block = _with(("content-length", str(len(MESSAGE))))
+    with RawH2(guarded.grpc_port) as client:
+        client.send(headers(1, block) + data(1, MESSAGE, True) + headers(3, block, True))
+        for _ in range(50):
+            if 3 in client.read(0.1).resets():
+                break
+        assert client.seen.statuses().get(1) == "0"
+        assert client.seen.resets().get(3) == h2.PROTOCOL_ERROR
+
+
 def _serves_stream_3(client: RawH2) -> None:
     client.send(headers(3) + data(3, MESSAGE, True))
     for _ in range(50):

@@ -308,10 +308,11 @@ class GrpcConnection(Http2Connection):
                      ) -> int | None:
         """A new stream's content-length (-1: none), or None when its request is malformed
         (RFC 9113 8.1.1): then RST_STREAM(PROTOCOL_ERROR), counted like any stream error."""
-        if headers is self._checked:
-            return self._checked_length
-        problem, length = check_request(headers)
-        problem = self.decoder.malformed or problem
+        if headers is self._checked:  # (a cached block is never malformed)
+            problem, length = None, self._checked_length
+        else:
+            problem, length = check_request(headers)
+            problem = self.decoder.malformed or problem
         if problem is None and length > 0 and flags & h2.END_STREAM:
             problem = "content-length above 0 and no DATA"
         if problem is not None:
