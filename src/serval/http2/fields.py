@@ -37,7 +37,12 @@ def check_request(headers: list[Header]) -> tuple[str | None, int]:
             if regular or seen & bit or not (value or bit == 8):
                 return f"pseudo-header {name} after a regular field, twice or empty", -1
             seen |= bit
-        elif name in _CHECKED_NAMES or name[:1] == ":":
+        elif name[:1] == ":":
+            return f"pseudo-header {name[:40]} is not a request's", -1
+        else:
+            regular = True
+            if name not in _CHECKED_NAMES:
+                continue
             if name == "content-length":
                 if not (value.isdigit() and value.isascii()) or length >= 0:
                     return "content-length not one decimal number", -1
@@ -46,8 +51,6 @@ def check_request(headers: list[Header]) -> tuple[str | None, int]:
             problem = _field_problem(name, value)
             if problem is not None:
                 return problem, -1
-        else:
-            regular = True
     if not seen & 1:
         return "no :method pseudo-header", -1
     if seen & 6 != 6 and dict(headers)[":method"] != "CONNECT":

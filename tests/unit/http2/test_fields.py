@@ -25,6 +25,8 @@ def test_a_well_formed_request_passes_with_its_content_length() -> None:
     REQUEST[1:], [REQUEST[0], *REQUEST[2:]], [*REQUEST[:2], *REQUEST[3:]],
     [REQUEST[0], REQUEST[0], *REQUEST[1:]], [*REQUEST[:2], (":path", ""), *REQUEST[3:]],
     [*REQUEST[:3], ("x", "y"), (":authority", "a")], [(":status", "200"), *REQUEST],
+    [*REQUEST[:3], ("te", "trailers"), (":authority", "a")],
+    [*REQUEST[:3], ("content-length", "1"), (":authority", "a")],
     [*REQUEST, ("connection", "close")], [*REQUEST, ("te", "gzip")],
     [*REQUEST, ("content-length", "1"), ("content-length", "1")],
     [*REQUEST, ("content-length", "-1")], [*REQUEST, ("content-length", "١")],
