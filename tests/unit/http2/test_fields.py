@@ -29,7 +29,7 @@ def test_a_well_formed_request_passes_with_its_content_length() -> None:
     [*REQUEST[:3], ("content-length", "1"), (":authority", "a")],
     [*REQUEST, ("connection", "close")], [*REQUEST, ("te", "gzip")],
     [*REQUEST, ("content-length", "1"), ("content-length", "1")],
-    [*REQUEST, ("content-length", "-1")], [*REQUEST, ("content-length", "١")],
+    [*REQUEST, ("content-length", "-1")], [*REQUEST, ("content-length", "\u0661")],
 ])
 def test_malformed_requests_say_why(headers: list[tuple[str, str]]) -> None:
     problem, length = check_request(headers)
