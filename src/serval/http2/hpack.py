@@ -13,7 +13,10 @@ measure: name + value + 32 per field) is `HeaderListTooLarge`, raised once the w
 been processed (RFC 9113 10.5.1: the dynamic table must stay in step, so the connection can
 answer that one stream and go on); a block of more than `MAX_FIELDS` fields stops decoding at
 once (ENHANCE_YOUR_CALM), so the CPU spent on one block is bounded too. Only small blocks are
-cached, and the cache is bounded in bytes.
+cached, and the cache is bounded in bytes. A table size update after a field is
+COMPRESSION_ERROR (RFC 7541 4.2). Literal names and values are checked as they are read
+(fields.py): `malformed` says why a block is malformed, such a block is never cached, and a
+malformed field it added to the table stays malformed when referenced.
 """
 
 from __future__ import annotations

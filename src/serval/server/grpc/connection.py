@@ -12,6 +12,11 @@ receive budget (past it: RESOURCE_EXHAUSTED); stream errors, client resets befor
 header lists over h2_max_header_list_bytes (that stream answered RESOURCE_EXHAUSTED) count
 against h2_max_resets.
 
+Conformance: a malformed request (http2/fields.py: names, values, pseudo-headers, TE,
+connection-specific fields, a content-length its DATA does not meet) is reset with
+PROTOCOL_ERROR; DATA on a closed stream gets STREAM_CLOSED, except DATA or trailers the client
+sent before it learned the server had ended the stream (the last 256 such ids), dropped.
+
 A request must keep arriving (nginx's client_body_timeout, which grpcio lacks): a unary call
 whose request has not ended, or any call part-way through a message, that receives nothing for
 body_timeout_s is ended with CANCELLED, and what it held is released; one stalled for
