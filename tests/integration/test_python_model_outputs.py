@@ -62,12 +62,33 @@ class Model:
 """
 
 
+# keeps its work on self, as a model written for one batch at a time does (Triton's
+# instance_group gives each instance an object of its own)
+STATE_ON_SELF = """
+import time
+
+import numpy as np
+
+
+class Model:
+    def load(self, ctx):
+        self.buffer = np.zeros((4, 2), np.float32)
+
+    def infer(self, inputs):
+        rows = inputs["X"].shape[0]
+        self.buffer[:rows] = inputs["X"]
+        time.sleep(0.002)  # work between filling and reading it
+        return {"Y": self.buffer[:rows].copy()}
+"""
+
+
 @pytest.fixture(scope="module")
 def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     root: Path = tmp_path_factory.mktemp("python-outputs")
     write(root, "inproc", MODEL, CONFIG)
     write(root, "worker", MODEL, CONFIG + "isolation: process\n")
     write(root, "buffer", REUSES_BUFFER, CONFIG)
+    write(root, "two_instances", STATE_ON_SELF, CONFIG + "instances: 2\n")
     return server_factory(root, "--allow-python-models")
 
 
@@ -85,10 +106,11 @@ def test_an_output_of_another_datatype_is_refused_not_served(
     assert ok.json()["outputs"][0]["datatype"] == "FP32"
 
 
+@pytest.mark.parametrize("model", ["buffer", "two_instances"])
 def test_a_model_reusing_its_output_buffer_answers_each_request_its_own_rows(
-        server: RunningServer) -> None:
+        server: RunningServer, model: str) -> None:
     def tagged(tag: int) -> bool:
-        reply = infer(server.url, "buffer", {"inputs": [
+        reply = infer(server.url, model, {"inputs": [
             {"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [float(tag)] * 2}]})
         assert reply.status == 200, reply.body
         return bool(reply.json()["outputs"][0]["data"] == [float(tag)] * 2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import queue
 import sys
 import uuid
 from dataclasses import dataclass, replace
@@ -95,15 +96,21 @@ class PythonBackend(EngineBackend):
         if model_class is None or not all(hasattr(model_class, m) for m in ("load", "infer")):
             raise ConfigError(f"{path}: must define class {CLASS_NAME} with load(ctx) and "
                               f"infer(inputs) methods (or a Triton {TRITON_CLASS_NAME})")
-        try:
-            instance = model_class()
-            instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
-        except MODEL_EXITS as exc:
-            raise ConfigError(f"{path}: load() raised {model_exception(exc)}") from None
         if inspect.isgeneratorfunction(model_class.infer):  # 0..n responses per request
-            return GeneratorModel(spec.name, instance, replace(metadata, decoupled=True),
-                                  path.stat().st_size)
-        return PythonModel(spec.name, instance, metadata, path.stat().st_size)
+            return GeneratorModel(spec.name, _instance(model_class, spec, path),
+                                  replace(metadata, decoupled=True), path.stat().st_size)
+        # an object per instance, as Triton's instance_group: the batcher's consumers call
+        # infer() at once, and a model keeping state on self (a buffer) mixed their rows
+        count = spec.config.instances if spec.config.isolation != "process" else 1
+        instances: list[Any] = []
+        try:
+            for _ in range(count):
+                instances.append(_instance(model_class, spec, path))
+        except BaseException:
+            for instance in instances:
+                unload_instance(spec.name, instance)
+            raise
+        return PythonModel(spec.name, instances, metadata, path.stat().st_size)
 
     def _check_allowed(self, spec: ModelVersionSpec) -> None:
         if not self.allowed:
@@ -111,13 +118,27 @@ class PythonBackend(EngineBackend):
                               "code; start the server with --allow-python-models to serve it")
 
 
-class PythonModel:
-    """Delegates to the user's object; the batcher checks the rows it returns. What infer()
-    raises fails the batch with the model's own error (ModelFailed: type and message)."""
+def _instance(model_class: Any, spec: ModelVersionSpec, path: Path) -> Any:
+    """One object of the model's class, loaded."""
+    try:
+        instance = model_class()
+        instance.load(LoadContext(spec.name, spec.version, spec.path, spec.config))
+    except MODEL_EXITS as exc:
+        raise ConfigError(f"{path}: load() raised {model_exception(exc)}") from None
+    return instance
 
-    def __init__(self, name: str, instance: Any, metadata: ModelMetadata,
+
+class PythonModel:
+    """Delegates to the user's objects (one per instance, each running one batch at a time);
+    the batcher checks the rows it returns. What infer() raises fails the batch with the
+    model's own error (ModelFailed: type and message)."""
+
+    def __init__(self, name: str, instances: list[Any], metadata: ModelMetadata,
                  size_bytes: int) -> None:
-        self._name, self._instance = name, instance
+        self._name, self._instances = name, instances
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for instance in instances:
+            self._free.put(instance)
         self._metadata, self._size_bytes = metadata, size_bytes
         self._names = [spec.name for spec in metadata.outputs]
         self._datatypes = {spec.name: spec.datatype for spec in metadata.outputs}
@@ -127,13 +148,18 @@ class PythonModel:
         return self._metadata
 
     def infer(self, inputs: TensorDict) -> TensorDict:
-        try:
-            outputs = self._instance.infer(inputs)
+        instance = self._free.get()
+        try:  # the outputs copied before the instance may run another batch
+            return self._outputs(instance.infer(inputs))
         except ServalError:
             raise
         except (Exception, *MODEL_EXITS) as exc:
             raise ModelFailed(f"model '{self._name}': infer() raised "
                               f"{model_exception(exc)}") from exc
+        finally:
+            self._free.put(instance)
+
+    def _outputs(self, outputs: Any) -> TensorDict:
         if not isinstance(outputs, dict) or any(name not in outputs for name in self._names):
             got = shown(sorted(map(str, outputs)), 200) if isinstance(outputs, dict) \
                 else type(outputs).__name__
@@ -146,7 +172,8 @@ class PythonModel:
         return self._size_bytes
 
     def unload(self) -> None:
-        unload_instance(self._name, self._instance)
+        for instance in self._instances:
+            unload_instance(self._name, instance)
 
 
 def _import(path: Path, search_paths: tuple[Path, ...] = ()) -> Any:
