@@ -100,8 +100,11 @@ class PythonBackend(EngineBackend):
             return GeneratorModel(spec.name, _instance(model_class, spec, path),
                                   replace(metadata, decoupled=True), path.stat().st_size)
         # an object per instance, as Triton's instance_group: the batcher's consumers call
-        # infer() at once, and a model keeping state on self (a buffer) mixed their rows
-        count = spec.config.instances if spec.config.isolation != "process" else 1
+        # infer() at once, and a model keeping state on self (a buffer) mixed their rows. One
+        # in a worker process (it runs one batch at a time) and for sequences (any instance
+        # runs a sequence's next step: what a model keeps per sequence must stay in one place)
+        one = spec.config.isolation == "process" or spec.config.sequence_batching is not None
+        count = 1 if one else spec.config.instances
         instances: list[Any] = []
         try:
             for _ in range(count):
