@@ -219,7 +219,17 @@ def test_not_found_and_wrong_method(server: RunningServer) -> None:
     version = call(server.url, "GET", "/v2/models/linear/versions/9")
     assert version.status == 404 and "version 9 is not found" in version.error
     assert call(server.url, "GET", "/v2/nothing/here").status == 404
-    assert call(server.url, "GET", "/v2/models/linear/infer").status == 405
+    # a 405 says what the route takes (RFC 9110 15.5.6: Allow)
+    for method, path, allow in (("GET", "/v2/models/linear/infer", "POST"),
+                                ("POST", "/v2/models/linear", "GET, HEAD"),
+                                ("DELETE", "/v2/health/live", "GET, HEAD"),
+                                ("PUT", "/v2/logging", "GET, POST, HEAD"),
+                                ("GET", "/v2/repository/index", "POST"),
+                                ("GET", "/v2/systemsharedmemory/region/x/register", "POST"),
+                                ("POST", "/status", "GET, HEAD"),
+                                ("POST", "/ui", "GET, HEAD")):
+        refused = call(server.url, method, path, b"{}" if method != "GET" else None)
+        assert (refused.status, refused.headers.get("allow")) == (405, allow), (method, path)
 
 
 @pytest.mark.parametrize(("body", "headers"), [

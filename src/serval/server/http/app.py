@@ -26,6 +26,7 @@ from serval.server.http.errors import (
     BodyTooLarge,
     Reply,
     error_body,
+    method_not_allowed,
     serval_error_response,
     unexpected_error_response,
 )
@@ -129,7 +130,7 @@ class HttpApp:
         if method != "GET":
             if parts not in _SERVER_PATHS:  # no such route (e.g. an extension not served)
                 return _not_found(method, "/v2/" + "/".join(parts))
-            return _method_not_allowed(method, "/v2/" + "/".join(parts))
+            return method_not_allowed(method, "/v2/" + "/".join(parts), "GET")
         if parts == []:
             return _json(self.dataplane.server_metadata())
         if parts == ["health", "live"]:
@@ -148,7 +149,8 @@ class HttpApp:
         """Triton's logging (/v2/logging) and trace (/v2[/models/M]/trace/setting) extensions:
         GET reads the settings, POST changes those it names and answers them all."""
         if method not in ("GET", "POST"):
-            return _method_not_allowed(method, f"{kind} settings (use GET or POST)")
+            return method_not_allowed(method, f"{kind} settings (use GET or POST)",
+                                      "GET, POST")
         changes = None
         if method == "POST":
             changes = json_object(body, f"{kind} settings", "a JSON object") if body.strip() \
@@ -165,7 +167,7 @@ class HttpApp:
             return _not_found(method, "/v2/models/" + "/".join(parts))
         if action == "infer" or action in GENERATE:
             if method != "POST":
-                return _method_not_allowed(method, f"{action} (use POST)")
+                return method_not_allowed(method, f"{action} (use POST)", "POST")
             if action != "infer":  # Triton's generate extension
                 received_ns = time.perf_counter_ns()
                 _, encoding, timeout_ms = _infer_headers(headers)
@@ -176,7 +178,7 @@ class HttpApp:
                     deadline_after(received_ns, timeout_ms))
             return await self._infer(name, version, headers, body)
         if method != "GET":
-            return _method_not_allowed(method, f"/v2/models/{name} {action}".rstrip())
+            return method_not_allowed(method, f"/v2/models/{name} {action}".rstrip(), "GET")
         if action == "ready":
             ready = self.dataplane.model_ready(name, version)  # not ready: 400, as Triton
             return _json({"name": name, "ready": ready}, 200 if ready else 400)
@@ -189,7 +191,7 @@ class HttpApp:
     async def _repository_route(self, method: str, parts: list[str], body: bytes) -> Reply:
         """Triton's model repository extension: index, load (optional config), unload."""
         if method != "POST":
-            return _method_not_allowed(method, "/v2/repository (use POST)")
+            return method_not_allowed(method, "/v2/repository (use POST)", "POST")
         params = _repository_parameters(body)
         if parts == ["index"]:
             ready = params.get("ready", False)
@@ -406,5 +408,3 @@ def _not_found(method: str, path: str) -> Reply:
     return 404, error_body(f"no route for {method} {path}"), list(JSON_HEADERS)
 
 
-def _method_not_allowed(method: str, what: str) -> Reply:
-    return 405, error_body(f"method {method} not allowed for {what}"), list(JSON_HEADERS)

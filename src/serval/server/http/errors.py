@@ -28,6 +28,14 @@ class BodyTooLarge(InvalidInput):
     """A body (after decompression) beyond --max-request-mb: HTTP 413."""
 
 
+def method_not_allowed(method: str, what: str, allow: str) -> tuple[int, bytes, Headers]:
+    """405 naming the method refused and, in `allow` (RFC 9110 15.5.6), those the route takes
+    (GET routes take HEAD too)."""
+    allowed = f"{allow}, HEAD" if "GET" in allow.split(", ") else allow
+    return 405, error_body(f"method {method} not allowed for {what}"), [
+        *JSON_HEADERS, (b"allow", allowed.encode())]
+
+
 def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 

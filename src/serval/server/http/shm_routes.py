@@ -12,7 +12,7 @@ from serval.errors import InvalidInput
 from serval.protocol.rest_codec import json_object
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.protocol.shm_tensors import CUDA_UNSUPPORTED, DISABLED
-from serval.server.http.errors import JSON_HEADERS, Reply, error_body
+from serval.server.http.errors import JSON_HEADERS, Reply, error_body, method_not_allowed
 
 PREFIXES = ("systemsharedmemory", "cudasharedmemory")
 
@@ -35,8 +35,7 @@ def shared_memory_route(regions: SharedMemoryRegistry | None, method: str, parts
         return _reply(404, error_body(f"no route for {method} /v2/{'/'.join(parts)}"))
     wanted = "GET" if action == "status" else "POST"
     if method != wanted:
-        return _reply(405, error_body(f"method {method} not allowed for shared memory "
-                                      f"{action} (use {wanted})"))
+        return method_not_allowed(method, f"shared memory {action} (use {wanted})", wanted)
     if prefix == "cudasharedmemory":
         return _cuda(action, name)
     if regions is None:

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from serval.errors import InvalidInput, shown
-from serval.server.http.errors import JSON_HEADERS, Headers, error_body
+from serval.server.http.errors import JSON_HEADERS, Headers, error_body, method_not_allowed
 from serval.server.http.ui.status import PageQuery, ServerStatus
 
 Reply = tuple[int, bytes, Headers]
@@ -44,8 +44,7 @@ class StatusRoutes:
 
     def asset(self, method: str, parts: list[str]) -> Reply:
         if method != "GET":
-            return 405, error_body(f"method {method} not allowed for the status page"), list(
-                JSON_HEADERS)
+            return method_not_allowed(method, "the status page", "GET")
         name = "index.html" if parts in ([""], ["ui"], ["ui", ""]) else "/".join(parts[1:])
         body = _asset(name)
         if body is None:
@@ -57,8 +56,7 @@ class StatusRoutes:
     def json(self, method: str, parts: list[str], query: str) -> Reply:
         """parts: the path after `status` ([] / [models] / [models, name])."""
         if method != "GET":
-            return 405, error_body(f"method {method} not allowed for /status (use GET)"), list(
-                JSON_HEADERS)
+            return method_not_allowed(method, "/status (use GET)", "GET")
         params = _params(query)
         if parts == []:
             _no_params(params, "/status")
