@@ -22,7 +22,7 @@ import numpy as np
 from serval.backends.base import ModelMetadata, ModelResponse, ResponseSink, StreamRequest
 from serval.backends.model_code import MODEL_EXITS, model_exception, unload_instance
 from serval.errors import BackendError, ModelFailed, ServalError, ServerUnavailable, shown
-from serval.protocol.dtypes import v2_datatype
+from serval.protocol.dtypes import numpy_dtype, v2_datatype
 from serval.protocol.types import InferRequest, TensorDict
 
 
@@ -90,16 +90,22 @@ class GeneratorModel:
         unload_instance(self._name, self._instance)
 
 
+_FLOATS = frozenset({"FP16", "FP32", "FP64"})
+
+
 def declared_output(model: str, name: str, declared: str, value: Any, verb: str) -> Any:
-    """A copy of an output as its config declares it (BYTES as an object array), or
+    """A copy of an output as its config declares it (BYTES as an object array; a float array
+    in the declared float width, as numpy's float64 default makes of plain Python numbers), or
     ModelFailed: a list, string or None reached the encoders (an internal error, a traceback),
-    an FP64 array went out as FP64 to clients told FP32, an object array as BYTES. A copy (as
+    a UINT8 array went out as UINT8 to clients told FP32, an object array as BYTES. A copy (as
     Triton copies a response's tensors): a model that fills a buffer of its own and returns it
     (or a view of it) overwrote one request's answer with the next's before it was sent."""
     try:
         datatype = v2_datatype(value.dtype) if isinstance(value, np.ndarray) else None
     except ValueError:
         datatype = None
+    if datatype in _FLOATS and declared in _FLOATS and datatype != declared:
+        return value.astype(numpy_dtype(declared))  # a copy
     if datatype != declared:
         got = f"{datatype} array" if datatype else type(value).__name__
         raise ModelFailed(f"model '{model}': infer() {verb} output '{name}' as a {got}; its "
