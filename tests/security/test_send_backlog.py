@@ -1,6 +1,7 @@
-"""Clients that ask for large answers and read none of them: the server holds at most its
-receive budget's worth of unsent answers (plus one), closing the connections stalled longest,
-instead of every answer until each connection's write-stall timeout."""
+"""Clients that ask for large answers and read none of them (HTTP/1.1), or grant them no
+flow-control window (HTTP/2): the server holds at most its receive budget's worth of unsent
+answers (plus one), closing the connections stalled longest, instead of every answer until
+each connection's write-stall timeout."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from onnx import TensorProto, helper, save
+from tritonclient.grpc import service_pb2
 
+from serval.http2 import frames as h2
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call, metric
+from tests.security.h2_helpers import RawH2, data, headers, message
 
 pytestmark = pytest.mark.integration
 MIB = 1 << 20
@@ -106,5 +111,29 @@ def test_unread_answers_are_bounded_by_the_receive_budget(amplifying: RunningSer
     assert length is not None and length > ANSWER_BYTES and got == length  # the newest: whole
     for sock in sockets:
         sock.close()
+    _wait_for(lambda: metric(url, "serval_send_backlog_bytes", 0) == 0, "the backlog empties")
+    assert call(url, "GET", "/v2/health/ready").status == 200
+
+
+def _zeros_request(stream_id: int) -> bytes:
+    request = service_pb2.ModelInferRequest(model_name="zeros")
+    request.inputs.add(name="n", datatype="INT64", shape=[1])
+    request.raw_input_contents.append(np.array([ANSWER_BYTES // 4], np.int64).tobytes())
+    return headers(stream_id) + data(stream_id, message(request.SerializeToString()), True)
+
+
+def test_an_http2_client_granting_no_window_cannot_pile_up_answers(
+        amplifying: RunningServer) -> None:
+    """A gRPC client whose streams grant no window keeps every reply queued in the server: on
+    one connection, three 8 MiB answers stayed until the send timeout. Past the receive
+    budget (8 MiB) with several answers the connection is aborted, and the backlog empties."""
+    url = amplifying.url
+    closes = 'serval_connections_closed_total{reason="send backlog"}'
+    closed_before = metric(url, closes, 0)
+    with RawH2(amplifying.grpc_port, settings={h2.INITIAL_WINDOW_SIZE: 0}) as attacker:
+        for stream_id in (1, 3, 5):
+            attacker.send(_zeros_request(stream_id))
+        attacker.closed_with(30)
+    assert metric(url, closes, 0) == closed_before + 1
     _wait_for(lambda: metric(url, "serval_send_backlog_bytes", 0) == 0, "the backlog empties")
     assert call(url, "GET", "/v2/health/ready").status == 200

@@ -127,39 +127,49 @@ class ReceiveBudget:
                 "must wait: retry shortly")
 
 
+class Stalled(Protocol):
+    """What the send backlog needs of a connection."""
+
+    def abort(self) -> None:
+        """Close now, dropping what is unsent."""
+
+
 class SendBacklog:
     """Bytes of answers written but not yet taken by their clients, server-wide, counted for
-    the connections whose writing is paused (their unsent bytes past the write-buffer mark).
+    connections holding more than their write-buffer mark unsent (HTTP/1.1: its writing
+    paused; HTTP/2: replies waiting for flow-control window or the socket).
 
-    A client that reads nothing holds its answer until the write-stall timeout; many such
-    clients (or one asking on many connections for answers far larger than its requests)
-    could make the server hold answers without bound meanwhile. Past `limit_bytes` (the
-    receive budget's size) the connections paused longest are closed at once, a write stall
-    cut short; the one that has just paused is spared (a single answer larger than the limit
-    keeps its own timeout), so at most the limit plus one answer is held.
+    A client that reads nothing holds its answers until the write-stall timeout; many such
+    clients (or one asking on many connections or streams for answers far larger than its
+    requests) could make the server hold answers without bound meanwhile. Past `limit_bytes`
+    (the receive budget's size) the connections stalled longest are aborted at once, a write
+    stall cut short. The connection that has just grown is spared while it holds a single
+    answer (one larger than the limit keeps its own timeout): at most the limit plus one
+    answer is held.
     """
 
     def __init__(self, limit_bytes: int, log: AbuseLog) -> None:
         self.limit_bytes = limit_bytes
         self.held_bytes = 0
-        self._held: dict[GatedConnection, int] = {}  # insertion order: paused longest first
+        self._held: dict[Stalled, int] = {}  # insertion order: stalled longest first
         self._log = log
 
-    def paused(self, connection: GatedConnection, unsent_bytes: int) -> None:
-        self.resumed(connection)
+    def hold(self, connection: Stalled, unsent_bytes: int, answers: int = 1) -> None:
+        """The connection holds `unsent_bytes` of `answers` answers now (its place in line
+        kept while it stays held)."""
+        self.held_bytes += unsent_bytes - self._held.get(connection, 0)
         self._held[connection] = unsent_bytes
-        self.held_bytes += unsent_bytes
         while self.held_bytes > self.limit_bytes:
             victim = next(iter(self._held))
-            if victim is connection:
+            if victim is connection and answers <= 1 and len(self._held) == 1:
                 return
             self.resumed(victim)
             self._log.closed("send backlog", "answers not taken by their clients passed "
                              f"{self.limit_bytes} bytes server-wide (--receive-budget-mb): "
                              "closed the connection that had stalled longest")
-            victim.evict()
+            victim.abort()
 
-    def resumed(self, connection: GatedConnection) -> None:
+    def resumed(self, connection: Stalled) -> None:
         unsent = self._held.pop(connection, None)
         if unsent is not None:
             self.held_bytes -= unsent

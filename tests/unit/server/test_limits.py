@@ -70,6 +70,9 @@ class _Connection:
     def evict(self) -> None:
         self.evicted = True
 
+    def abort(self) -> None:
+        self.evicted = True
+
 
 def test_at_the_limit_the_oldest_idle_connection_makes_room() -> None:
     gate = ConnectionGate(3, AbuseLog())
@@ -108,16 +111,20 @@ def test_past_its_limit_the_send_backlog_closes_the_connections_stalled_longest(
     abuse = AbuseLog()
     backlog = SendBacklog(10, abuse)
     first, second, third = _Connection(), _Connection(), _Connection()
-    backlog.paused(first, 4)
-    backlog.paused(second, 4)
+    backlog.hold(first, 4)
+    backlog.hold(second, 4)
     assert backlog.held_bytes == 8 and not first.evicted
-    backlog.paused(third, 3)  # 11 > 10: the one stalled longest goes, then it fits
+    backlog.hold(third, 3)  # 11 > 10: the one stalled longest goes, then it fits
     assert first.evicted and not second.evicted and not third.evicted
     assert backlog.held_bytes == 7 and abuse.counts["send backlog"] == 1
     backlog.resumed(second)
     assert backlog.held_bytes == 3
-    backlog.paused(third, 30)  # one answer larger than the limit: spared, its own timeout
+    backlog.hold(third, 30)  # one answer larger than the limit: spared, its own timeout
     assert not third.evicted and backlog.held_bytes == 30
     backlog.resumed(third)
     backlog.resumed(third)  # twice (resumed, then lost): counted once
     assert backlog.held_bytes == 0
+    many = _Connection()  # an HTTP/2 connection: many answers on one connection
+    backlog.hold(many, 6, answers=2)
+    backlog.hold(many, 12, answers=3)  # grows in place; over the limit with several answers
+    assert many.evicted and backlog.held_bytes == 0 and abuse.counts["send backlog"] == 2

@@ -74,6 +74,7 @@ class GrpcConnection(Http2Connection):
         self._ended_early: dict[int, None] = {}
         self._checked: list[tuple[str, str]] | None = None  # the last well-formed request's
         self._checked_length = -1  # list (a cached block's comes back as the same list)
+        self._backlogged = False  # counted in the server's send backlog
 
     def has_streams(self) -> bool:
         return bool(self.calls)
@@ -116,12 +117,18 @@ class GrpcConnection(Http2Connection):
         self.calls.clear()
         self.blocked.clear()
         self._starting.clear()
+        self.guards.backlog.resumed(self)
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._note_backlog()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         for call in list(self.calls.values()):
             call.wake_writer()
+        self._note_backlog()
 
     def _fail(self, exc: h2.ProtocolError) -> None:
         self._starting.clear()
@@ -149,10 +156,24 @@ class GrpcConnection(Http2Connection):
             if not self.blocked:
                 self.send_stalled()
             self.blocked.add(call)
-            return
-        self.blocked.discard(call)
-        if call.finished:
-            self._forget(call)
+        else:
+            self.blocked.discard(call)
+            if call.finished:
+                self._forget(call)
+        if self.blocked or self._backlogged:
+            self._note_backlog()
+
+    def _note_backlog(self) -> None:
+        """Replies waiting on the client (for window, or in the socket's buffer) past the
+        write-buffer mark count in the server's send backlog (server/limits.py)."""
+        unsent = sum(call.pending_bytes for call in self.blocked)
+        if self.transport is not None:
+            unsent += self.transport.get_write_buffer_size()
+        self._backlogged = unsent > self.limits.write_buffer_bytes
+        if self._backlogged:
+            self.guards.backlog.hold(self, unsent, max(1, len(self.blocked)))
+        else:
+            self.guards.backlog.resumed(self)
 
     def consumed(self, call: ServerCall, size: int) -> None:
         """Credit bytes the server no longer holds to the connection and the stream windows."""
@@ -190,6 +211,8 @@ class GrpcConnection(Http2Connection):
         self.calls.pop(call.stream_id, None)
         self.blocked.discard(call)
         self._consumed_by_connection(call.close())
+        if self._backlogged:
+            self._note_backlog()
         if not self.calls:
             self.idle_since = asyncio.get_running_loop().time()
 

@@ -328,6 +328,11 @@ class ServerCall:
         self.owner.send_pending(self)
 
     @property
+    def pending_bytes(self) -> int:
+        """Reply bytes queued and not yet sent."""
+        return self._pending_bytes
+
+    @property
     def has_output(self) -> bool:
         return bool(self._pending) or self._trailers is not None
 

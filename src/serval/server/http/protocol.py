@@ -120,7 +120,7 @@ class HttpProtocol(RequestReader):
     def pause_writing(self) -> None:
         self.write_paused, self.write_paused_at = True, self.loop.time()
         if self.transport is not None:
-            self.guards.backlog.paused(self, self.transport.get_write_buffer_size())
+            self.guards.backlog.hold(self, self.transport.get_write_buffer_size())
         self._update_reading()
 
     def resume_writing(self) -> None:
@@ -368,8 +368,7 @@ class HttpProtocol(RequestReader):
 
     def evict(self) -> None:
         """The connection gate needs the room: close now."""
-        if self.transport is not None:
-            self.transport.abort()
+        self.abort()
 
     def close_when_idle(self) -> None:
         """Finish the request in hand (if any), then close."""
@@ -378,5 +377,6 @@ class HttpProtocol(RequestReader):
             self.transport.close()
 
     def abort(self) -> None:
+        """Close now, dropping what is unsent (the gate, the send backlog, shutdown)."""
         if self.transport is not None:
             self.transport.abort()
