@@ -48,20 +48,9 @@ def _repository(root: Path) -> Path:
     return root
 
 
-BLS_CACHED_PBTXT = """\
-name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [
-  {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
-  {{ name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }},
-  {{ name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }}
-]
-output [
-  {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }},
-  {{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }}
-]
-"""
+BLS_CACHED_PBTXT = triton_python_models.ADD_SUB_PBTXT.replace(  # and which model to run
+    "}}\n]\noutput",
+    '}},\n  {{ name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }}\n]\noutput')
 
 
 @pytest.fixture(scope="module")
