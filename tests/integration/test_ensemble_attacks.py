@@ -42,7 +42,7 @@ max_batch_size: 8
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 ensemble_scheduling {{ step [
-  {{ model_name: "double" model_version: -1
+  {{ model_name: "{first}" model_version: -1
      input_map {{ key: "X" value: "IN" }} output_map {{ key: "Y" value: "mid" }} }},
   {{ model_name: "{last}" model_version: -1
      input_map {{ key: "X" value: "mid" }} output_map {{ key: "Y" value: "OUT" }} }}
@@ -50,9 +50,10 @@ ensemble_scheduling {{ step [
 """
 
 
-def _ensemble(root: Path, name: str, last: str) -> None:
+def _ensemble(root: Path, name: str, last: str, first: str = "double") -> None:
     (root / name / "1").mkdir(parents=True)
-    (root / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, last=last))
+    (root / name / "config.pbtxt").write_text(ENSEMBLE.format(name=name, first=first,
+                                                              last=last))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) ->
     write(root, "to_int", STEP.format(dtype="int32"), STEP_CONFIG.format(out="INT32"))
     _ensemble(root, "chain", "double")
     _ensemble(root, "int_out", "to_int")
+    _ensemble(root, "int_into_float", "double", first="to_int")
     return server_factory(root, "--allow-python-models")
 
 
@@ -81,3 +83,13 @@ def test_a_step_output_of_another_datatype_than_declared_is_not_served(
     assert reply.status == 500, reply.body
     assert reply.error.startswith("pipeline 'int_out' failed to run the request")
     assert "output 'OUT' is INT32 from its step, its config says FP32" in server.log()
+
+
+def test_a_step_taking_a_tensor_in_another_datatype_than_made_is_refused_at_load(
+        server: RunningServer) -> None:
+    """Step 1 makes 'mid' INT32, step 2 takes it as FP32: Triton refuses such an ensemble at
+    load; the old code loaded it and failed each request with a 500."""
+    reply = infer(server.url, "int_into_float", IN)
+    assert reply.status == 503, reply.body
+    assert ("load failed: pipeline 'int_into_float' step 2 ('double') takes 'mid' as input "
+            "'X' of FP32, but step 1 ('to_int') makes it INT32") in reply.error

@@ -16,10 +16,12 @@ GetModel = Callable[[str, str | None], ServedModel]
 
 
 def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel) -> None:
-    """ConfigError when a step maps an input or output its model does not have (Triton
-    refuses such an ensemble at load), naming the step, the tensors and the model's own ones.
+    """ConfigError when a step maps an input or output its model does not have, or takes a
+    tensor in another datatype than the step that makes it (Triton refuses such an ensemble
+    at load), naming the step, the tensors and the model's own ones.
     Checked once the steps' models have loaded; a step whose model holds no loaded version
     now (evicted) is checked at its next load."""
+    made: dict[str, tuple[str, str]] = {}  # pipeline tensor -> (datatype, which step made it)
     for index, step in enumerate(steps, start=1):
         try:
             model = get(step.model, step.version).model
@@ -38,6 +40,16 @@ def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel) -> N
                     f"pipeline '{name}' step {index} ('{step.model}') maps {kind} {listed}, "
                     f"which model '{step.model}' does not have (its {kind}s: "
                     f"{', '.join(repr(tensor) for tensor in own) or 'none'})")
+        where = f"pipeline '{name}' step {index} ('{step.model}')"
+        for spec in metadata.inputs:  # a datatype the step before made differently
+            tensor = step.inputs.get(spec.name)
+            if tensor in made and made[tensor][0] != spec.datatype:
+                datatype, maker = made[tensor]
+                raise ConfigError(f"{where} takes '{tensor}' as input '{spec.name}' of "
+                                  f"{spec.datatype}, but {maker} makes it {datatype}")
+        for spec in metadata.outputs:
+            if spec.name in step.outputs:
+                made[step.outputs[spec.name]] = spec.datatype, f"step {index} ('{step.model}')"
 
 
 class StepNotReady(ConfigError):
