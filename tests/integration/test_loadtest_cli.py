@@ -132,8 +132,10 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
             run.send_signal(signal.SIGUSR1)
             time.sleep(2)
             run.kill()
-            pytest.fail(f"not exited 30 s after SIGINT (exit status {exited}); its tasks and "
-                        "threads:\n" + run.communicate()[1][-8000:])
+            # xfail, not fail: the reason is printed in the run's summary (a failure's
+            # message is not, for a test marked xfail), so the next hang says where it waits
+            pytest.xfail(f"not exited 30 s after SIGINT (exit status {exited}); its tasks and "
+                         "threads:\n" + run.communicate()[1][-6000:])
     finally:
         run.kill()
     assert run.returncode == 130, stderr
