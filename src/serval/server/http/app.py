@@ -20,7 +20,7 @@ from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError, shown
 from serval.protocol.rest_codec import json_object
-from serval.server.http.codec_process import LARGE_COMPRESSED_BYTES, CodecProcess
+from serval.server.http.codec_process import CodecProcess
 from serval.server.http.errors import (
     JSON_HEADERS,
     BodyTooLarge,
@@ -221,11 +221,9 @@ class HttpApp:
         own_timeout = (deadline_ns is None and self.dataplane.default_timeout_ns > 0
                        and may_set_timeout(body, header_length, encoding))  # else moot
         self.dataplane.admit(name, version, deadline_ns, own_timeout)
-        if encoding not in (b"", b"identity") and len(body) > LARGE_COMPRESSED_BYTES:
-            # zlib lets go of the GIL: on a thread, inflating leaves the loop to the others
+        if encoding not in (b"", b"identity"):  # 64 KiB may inflate to 64 MiB: zlib lets go
+            # of the GIL, so on a thread inflating leaves the loop to the others
             body = await asyncio.to_thread(_decompress, body, encoding, self.max_body_bytes)
-        else:
-            body = _decompress(body, encoding, self.max_body_bytes)
         request = await self.codec.decode(body, header_length)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = await self.codec.encode(response, request)

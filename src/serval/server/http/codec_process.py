@@ -13,8 +13,8 @@ BYTES tensors are the exception: their elements are Python objects, made one by 
 BYTES elements is decoded, and an answer with many encoded, on a thread (their Python loop
 lets go of the GIL, so the event loop goes on); from the helper, BYTES inputs come back as
 their wire bytes, unpacked on a thread. Everything smaller, and fixed-size binary tensors,
-are coded on the loop as before. A compressed body over LARGE_COMPRESSED_BYTES is inflated
-on a thread (zlib lets go of the GIL).
+are coded on the loop as before. (A compressed body is inflated on a thread, app.py: zlib
+lets go of the GIL.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from serval.protocol.types import InferRequest, InferResponse
 
 LARGE_JSON_BYTES = 1 << 20  # ~20 ms of the loop to decode
 LARGE_JSON_ELEMENTS = 1 << 18  # ~20 ms of the loop to encode
-LARGE_COMPRESSED_BYTES = 1 << 16
 INLINE_BYTES_ELEMENTS = 1 << 14  # BYTES elements coded on the loop (~1 us each in Python)
 INLINE_BYTES_BODY = 4 * INLINE_BYTES_ELEMENTS
 T = TypeVar("T")
