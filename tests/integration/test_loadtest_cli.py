@@ -82,7 +82,12 @@ def test_bad_arguments_are_one_line_before_any_load(args: list[str], message: st
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+# Ctrl-C at a terminal reaches a command whose SIGINT is not ignored. A test run started in the
+# background by a script (`cmd &` without job control) ignores SIGINT, and every child inherits
+# that: the loadtest never saw the signal (the "hang" of some full runs). So the command starts
+# with Python's own handler, as at a terminal.
 _DUMPABLE = ("import asyncio, faulthandler, runpy, signal, sys\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
              "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
              "def tasks(*_):\n"  # what the event loop waits on, if one runs
              "    loop = asyncio._get_running_loop()\n"
@@ -93,9 +98,6 @@ _DUMPABLE = ("import asyncio, faulthandler, runpy, signal, sys\n"
              "runpy.run_module('serval', run_name='__main__')\n")
 
 
-@pytest.mark.xfail(strict=False, reason="open: in 4 full runs of one session the loadtest had "
-                   "not exited 30 s after SIGINT (never alone); it exited in the 3 full runs of "
-                   "the next; a run that hangs now prints its tasks and threads")
 def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> None:
     import signal
     import urllib.request
@@ -132,10 +134,8 @@ def test_ctrl_c_stops_a_closed_loop_run_with_one_line(server: RunningServer) -> 
             run.send_signal(signal.SIGUSR1)
             time.sleep(2)
             run.kill()
-            # xfail, not fail: the reason is printed in the run's summary (a failure's
-            # message is not, for a test marked xfail), so the next hang says where it waits
-            pytest.xfail(f"not exited 30 s after SIGINT (exit status {exited}); its tasks and "
-                         "threads:\n" + run.communicate()[1][-6000:])
+            pytest.fail(f"not exited 30 s after SIGINT (exit status {exited}); its tasks and "
+                        "threads:\n" + run.communicate()[1][-6000:])
     finally:
         run.kill()
     assert run.returncode == 130, stderr
