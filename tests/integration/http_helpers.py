@@ -100,37 +100,3 @@ def inference_count(url: str, model: str) -> int:
     """Rows the model has computed (Triton's statistics)."""
     stats = call(url, "GET", f"/v2/models/{model}/stats").json()["model_stats"][0]
     return int(stats["inference_count"])
-
-
-class LiveProbes:
-    """/v2/health/live asked over and over on one connection, each answer's (sent, answered)
-    perf_counter times kept: what a liveness probe sees while something else runs."""
-
-    def __init__(self, server: Any) -> None:  # tests.conftest.RunningServer
-        self.port = server.port
-        self.times: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        while not self._stop.is_set():
-            sent = time.perf_counter()
-            connection.request("GET", "/v2/health/live")
-            connection.getresponse().read()
-            self.times.append((sent, time.perf_counter()))
-        connection.close()
-
-    def answered_within(self, start: float, end: float) -> int:
-        """Probes sent after `start` and answered before `end`."""
-        return sum(1 for sent, answered in self.times if sent > start and answered < end)
-
-    def __enter__(self) -> LiveProbes:
-        self._thread.start()
-        while not self.times:  # the first answer: the probe runs
-            time.sleep(0.001)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)

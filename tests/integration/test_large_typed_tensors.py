@@ -1,7 +1,8 @@
 """Large tensors in their typed, element-by-element forms on a real server: REST JSON is
-decoded and encoded in the helper process, gRPC typed contents read from their packed bytes,
-so the event loop goes on answering others (a liveness probe) meanwhile; the answers and the
-errors are those the loop would give; a helper process that dies is replaced."""
+decoded and encoded in the helper process, BYTES elements on a thread, gRPC typed contents
+read from their packed bytes (how long each held the event loop before, and now, is
+bench/loop_stalls.py's); the answers and the errors are those the loop would give; a helper
+process that dies is replaced."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import gzip
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tests import fixture_models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import LiveProbes, call
+from tests.integration.http_helpers import call
 
 pytestmark = pytest.mark.integration
 ROWS = 100_000  # X: FP32 [ROWS, 16], 1.6M numbers (~14 MB as JSON)
@@ -47,51 +47,29 @@ def _x(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random((ROWS, 16), dtype=np.float32)
 
 
-def _longest_probe(server: RunningServer, request: Callable[[], object]) -> list[float]:
-    """The longest wait of a /v2/health/live probe during each of three requests."""
-    waits = []
-    with LiveProbes(server) as probes:
-        for _ in range(3):
-            start = time.perf_counter()
-            request()
-            end = time.perf_counter()
-            waits.append(max(answered - sent for sent, answered in probes.times
-                             if answered > start and sent < end))
-    print("longest live probe during each request (s):", waits)
-    return waits
-
-
-def test_large_json_requests_leave_the_loop_to_others(doubling: RunningServer) -> None:
-    """Decoding 1.6M JSON numbers and encoding 1.6M back held the event loop ~0.5 s a
-    request, and a /v2/health/live probe waited as long; in the helper process they are
-    coded while the probes are answered (the longest wait ~0.03 s)."""
+def test_large_json_requests_are_coded_in_the_helper(doubling: RunningServer) -> None:
+    """1.6M JSON numbers in and 1.6M out go through the helper process (on the event loop
+    they held it ~0.5 s a request: bench/loop_stalls.py); the answer is the loop's."""
     x = _x(1)
     body = _body(x)
-    replies = []
-    waits = _longest_probe(doubling, lambda: replies.append(
-        call(doubling.url, "POST", "/v2/models/double/infer", body)))
-    reply = replies[-1]
-    assert all(r.status == 200 for r in replies), reply.body[:300]
+    reply = call(doubling.url, "POST", "/v2/models/double/infer", body)
+    assert reply.status == 200, reply.body[:300]
     [output] = orjson.loads(reply.body)["outputs"]
     assert output["shape"] == [ROWS, 16] and output["datatype"] == "FP32"
     np.testing.assert_array_equal(np.asarray(output["data"], np.float32), (x * 2).ravel())
-    assert min(waits) < 0.15
 
 
-def test_grpc_typed_contents_leave_the_loop_to_others(doubling: RunningServer) -> None:
-    """fp32_contents of 4M floats (16 MB) were read element by element on the event loop, a
-    probe waiting 0.3-0.4 s (2.5 s at 64 MB); read from their packed bytes, 0.02-0.05 s."""
+def test_grpc_typed_contents_read_packed(doubling: RunningServer) -> None:
+    """fp32_contents of 4M floats (16 MB), read from their packed bytes (element by element
+    they held the loop 0.3-0.4 s: bench/loop_stalls.py), arrive intact."""
     x = np.random.default_rng(4).random((250_000, 16), dtype=np.float32)
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(
         doubling.grpc_url, options=[("grpc.max_receive_message_length", 64 << 20)]))
     request = service_pb2.ModelInferRequest(model_name="double")
     tensor = request.inputs.add(name="X", datatype="FP32", shape=list(x.shape))
     tensor.contents.fp32_contents.extend(x.ravel().tolist())
-    replies = []
-    waits = _longest_probe(doubling, lambda: replies.append(stub.ModelInfer(request)))
-    [raw] = replies[-1].raw_output_contents
+    [raw] = stub.ModelInfer(request).raw_output_contents
     np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(x.shape), x * 2)
-    assert min(waits) < 0.15
 
 
 def test_answers_and_errors_are_those_of_the_loop(doubling: RunningServer) -> None:
@@ -151,11 +129,9 @@ def _texts() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("form", ["http binary", "http json", "grpc raw", "grpc contents"])
-def test_many_bytes_elements_leave_the_loop_to_others(doubling: RunningServer,
-                                                      form: str) -> None:
-    """500k BYTES elements were decoded one by one on the event loop (~1 us each: a probe
-    waited 0.4-0.9 s); they are now decoded on a thread (JSON: in the helper process, back
-    as wire bytes), so the probes go on; the values arrive intact."""
+def test_many_bytes_elements_decoded_off_the_loop(doubling: RunningServer, form: str) -> None:
+    """500k BYTES elements, decoded on a thread (JSON: in the helper process, back as wire
+    bytes; on the event loop they held it 0.4-0.9 s: bench/loop_stalls.py), arrive intact."""
     texts, digits = _texts()
     if form.startswith("http"):
         client = httpclient.InferenceServerClient(doubling.url, network_timeout=120)
@@ -179,7 +155,4 @@ def test_many_bytes_elements_leave_the_loop_to_others(doubling: RunningServer,
         def ask() -> np.ndarray:
             [raw] = stub.ModelInfer(request).raw_output_contents
             return np.frombuffer(raw, np.int64).reshape(texts.shape)
-    answers = []
-    waits = _longest_probe(doubling, lambda: answers.append(ask()))
-    np.testing.assert_array_equal(answers[-1], digits)
-    assert min(waits) < 0.15
+    np.testing.assert_array_equal(ask(), digits)

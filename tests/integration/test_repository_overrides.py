@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from tests import fixture_models
 from tests import triton_python_models as models
 from tests.conftest import RunningServer
-from tests.integration.http_helpers import LiveProbes, call, infer
+from tests.integration.http_helpers import call, infer
 
 pytestmark = pytest.mark.integration
 
@@ -258,25 +257,17 @@ def test_a_bad_config_parameter_is_named_as_the_parameter_not_a_file(secured: Se
                                  f"{lacks}")
 
 
-def test_a_large_config_parameter_is_read_off_the_event_loop(secured: Secured) -> None:
-    """A `config` of 3,000 inputs (190 KB, under the 256 KiB bound) was converted on the event
-    loop, several times per load: a /v2/health/live probe waited 0.28-0.47 s. Now the loads
-    convert it on a thread: the longest wait is 0.01-0.04 s."""
+def test_a_large_config_parameter_is_refused_with_its_reason(secured: Secured) -> None:
+    """A `config` of 3,000 inputs (190 KB, under the 256 KiB bound), converted on a thread
+    (on the event loop it held /v2/health/live 0.28-0.47 s a load: bench/loop_stalls.py): the
+    load answers the same 400 as a small one, each time."""
     server, _ = secured
     config = {"name": "add_sub", "max_batch_size": 8,
               "input": [{"name": f"in{index}", "data_type": "TYPE_FP32", "dims": [1, 2, 3]}
                         for index in range(3000)]}
     body = orjson.dumps({"parameters": {"config": orjson.dumps(config).decode()}})
-    waits = []
-    with LiveProbes(server) as probes:
-        for _ in range(3):
-            start = time.perf_counter()
-            refused = call(server.url, "POST", "/v2/repository/models/add_sub/load", body,
-                           _admin(secured))
-            end = time.perf_counter()
-            waits.append(max(answered - sent for sent, answered in probes.times
-                             if answered > start and sent < end))
-            assert refused.status == 400, refused.body
-            assert "input 'in0' is not an input of the model" in refused.error
-    print("longest live probe during each load (s):", waits)
-    assert min(waits) < 0.15
+    for _ in range(2):
+        refused = call(server.url, "POST", "/v2/repository/models/add_sub/load", body,
+                       _admin(secured))
+        assert refused.status == 400, refused.body
+        assert "input 'in0' is not an input of the model" in refused.error
