@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,14 +133,24 @@ def test_bad_input_gets_the_data_planes_400_through_the_ingress(cluster: RayServ
 
 
 def test_models_are_placed_by_demand_not_everywhere(cluster: RayServal) -> None:
+    """Each model is answered by the replica that holds it, so models spread over replicas
+    instead of loading everywhere. Ray's router only prefers the holder: a queue-length probe
+    that misses its 0.1 s deadline on a busy box sends a request to another replica, which then
+    loads the model too; so most models, not all, must be on one replica. Random routing would
+    put nearly every model on both (8 probes per model)."""
     client = cluster.client()
     x = np.ones((1, 8), np.float32)
     for name in MODELS:
         _infer(client, name, x)
-    time.sleep(1.5)  # replicas push their model sets; routers learn them
-    owners = {name: {_replica_of(cluster.port, name) for _ in range(8)} for name in MODELS}
-    assert all(len(replicas) == 1 for replicas in owners.values()), owners
-    assert len(set().union(*owners.values())) == 2, f"models not spread: {owners}"
+    deadline = time.monotonic() + 30
+    while True:  # until the routers have learned where the models went
+        owners = {name: {_replica_of(cluster.port, name) for _ in range(8)} for name in MODELS}
+        single = [name for name, replicas in owners.items() if len(replicas) == 1]
+        spread = len(set().union(*owners.values())) == 2
+        if (len(single) >= len(MODELS) - 2 and spread) or time.monotonic() > deadline:
+            break
+    assert len(single) >= len(MODELS) - 2, f"models answered by every replica: {owners}"
+    assert spread, f"models not spread: {owners}"
 
 
 def test_publish_and_rollback_reach_the_cluster(cluster: RayServal,
@@ -197,12 +207,12 @@ def test_a_killed_replica_is_replaced_and_the_service_continues(cluster: RayServ
     for thread in clients:
         thread.start()
     try:
-        time.sleep(2.0)
-        assert load.ok, f"no request succeeded before the kill: {load.failed[:3]}"
+        _wait_until(lambda: len(load.ok) >= 20, "no 20 requests succeeded before the kill")
         killed_at = time.monotonic()
         actor = ray.get_actor(f"SERVE_REPLICA::serval#ServalReplica#{victim}", namespace="serve")
         ray.kill(actor, no_restart=True)
-        time.sleep(6.0)
+        _wait_until(lambda: sum(t > killed_at + 1.0 for t in load.ok) > 20,
+                    "service did not continue after the kill")
     finally:
         load.stop.set()
         for thread in clients:
@@ -213,6 +223,14 @@ def test_a_killed_replica_is_replaced_and_the_service_continues(cluster: RayServ
         f"{load.failed}"
     assert _replica_of(cluster.port, model) != victim
     _wait_for_replicas(2)
+
+
+def _wait_until(condition: Callable[[], bool], failure: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(failure)
+        time.sleep(0.05)
 
 
 def _wait_for_replicas(count: int) -> None:
