@@ -165,3 +165,24 @@ def test_head_is_authorized_as_get_even_with_a_body(server_factory: Factory,
                      b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
         received = closed_within(sock, 5.0)
     assert received.startswith(b"HTTP/1.1 401") and received.count(b"HTTP/1.1 ") == 1
+
+
+@pytest.mark.parametrize(("request_head", "hosts"), [
+    (b"GET /v2/health/live HTTP/1.1\r\n\r\n", 0),
+    (b"GET /v2/health/live HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 2),
+    (b"GET /v2/health/live HTTP/1.0\r\nHost: a\r\nhost: b\r\n\r\n", 2)])
+def test_a_request_without_one_host_is_refused(served: RunningServer, request_head: bytes,
+                                                 hosts: int) -> None:
+    """RFC 9112 3.2: an HTTP/1.1 request with no Host, or any request with several, is a 400
+    (nginx's answer). Before, both were served: which host a request meant was a guess."""
+    with connect(served.port) as sock:
+        sock.sendall(request_head + LIVE)
+        received = closed_within(sock, 5.0)
+    assert statuses(received) == [400]
+    assert f"has {hosts}".encode() in received and b"Host header" in received
+
+
+def test_an_http_1_0_request_needs_no_host(served: RunningServer) -> None:
+    with connect(served.port) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.0\r\n\r\n")
+        assert statuses(closed_within(sock, 5.0)) == [200]

@@ -79,33 +79,33 @@ async def _keepalive_requests(reader: asyncio.StreamReader, writer: asyncio.Stre
 
 
 async def _malformed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /a HTTP/1.1\r\n\r\n\x00garbage\r\n\r\n")
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n\x00garbage\r\n\r\n")
     assert b"HTTP/1.1 400" in await reader.read()
 
 
 async def _refused_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"POST /a HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 500)
+    writer.write(b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n" + b"x" * 500)
     assert (await reader.read()).startswith(b"HTTP/1.1 413")
 
 
 async def _unauthorized(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"POST /secret HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+    writer.write(b"POST /secret HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n")
     assert (await reader.read()).startswith(b"HTTP/1.1 401")
 
 
 async def _gone_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /a HTTP/1.1\r\n\r\nPOST /a HTTP/1.1\r\nContent-Length: 900\r\n\r\nxx")
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nPOST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 900\r\n\r\nxx")
     await reader.readuntil(b"{}")
 
 
 async def _timed_out(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /a HTTP/1.1\r\nX-Slow: ")
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\nX-Slow: ")
     assert (await reader.read()).startswith(b"HTTP/1.1 408")
 
 
 async def _never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.transport.pause_reading()
-    writer.write(b"GET /a HTTP/1.1\r\n\r\n" * 20_000)
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n" * 20_000)
     await asyncio.sleep(0.8)  # paused writing on the server: reading stops, then the stall
 
 

@@ -106,7 +106,7 @@ def test_parsing_stops_at_the_read_ahead_limit_and_resumes_in_order() -> None:
         server = await asyncio.get_running_loop().create_server(factory, "127.0.0.1", 0)
         reader, writer = await asyncio.open_connection(
             "127.0.0.1", server.sockets[0].getsockname()[1])
-        writer.write(b"".join(b"GET /%d HTTP/1.1\r\n\r\n" % i for i in range(count)))
+        writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: t\r\n\r\n" % i for i in range(count)))
         await asyncio.sleep(0.3)
         (protocol,) = made
         assert protocol.reading_paused and protocol.unparsed is not None

@@ -70,6 +70,7 @@ class RequestReader(asyncio.Protocol):
         self.headers: RawHeaders = []
         self.body: list[bytes] = []
         self.body_bytes = self.header_bytes = self.reserved = self.header_count = 0
+        self.hosts = 0
         self.content_length = -1  # -1: none given
         self.chunked = self.expect_continue = self.continue_owed = self.http10 = False
         self.head = False
@@ -155,6 +156,8 @@ class RequestReader(asyncio.Protocol):
         elif name == b"transfer-encoding":
             self._transfer_codings(value)
             self.chunked = True
+        elif name == b"host":
+            self.hosts += 1
         elif name == b"expect" and value.lower() == b"100-continue":
             self.expect_continue = True
 
@@ -184,6 +187,8 @@ class RequestReader(asyncio.Protocol):
             self.method, self.head = "GET", True
         if self.parser.get_http_version() != "1.1":
             self._old_version()
+        if self.hosts != 1 and (self.hosts or not self.http10):
+            self._no_single_host()
         self.path = unquote(url.path.decode("latin-1"))
         self.query = url.query.decode("latin-1") if url.query else ""
         if self.content_length > 0 or self.chunked:
@@ -202,6 +207,13 @@ class RequestReader(asyncio.Protocol):
             self._abort(400, "an HTTP/1.0 request cannot carry Transfer-Encoding; send "
                              "Content-Length (or HTTP/1.1)")
         self.http10 = True
+
+    def _no_single_host(self) -> None:
+        """RFC 9112 3.2: an HTTP/1.1 request without Host, or any request with several, is a
+        400 (as nginx answers); which name a request meant must never be a guess."""
+        expected = "at most one" if self.http10 else "exactly one"
+        self._abort(400, f"a request must have {expected} Host header (RFC 9112 3.2); this one "
+                         f"has {self.hosts}")
 
     def on_body(self, body: bytes) -> None:
         self.progress = True
