@@ -1,6 +1,7 @@
 """Triton ensembles whose steps do not agree with the ensemble's config, against a real
-server: a step whose output is not the datatype the ensemble declares is a 500 (the log says
-which), never a 200 whose datatype the ensemble's metadata does not give."""
+server: steps that disagree on a datatype with each other or with the ensemble's declared
+inputs and outputs are refused at load (503 with the reason), as Triton refuses them; never a
+200 whose datatype the ensemble's metadata does not give."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def server(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory) ->
     _ensemble(root, "chain", "double")
     _ensemble(root, "int_out", "to_int")
     _ensemble(root, "int_into_float", "double", first="to_int")
+    _ensemble(root, "int_in", "double")
+    config = root / "int_in" / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        'input [ { name: "IN" data_type: TYPE_FP32', 'input [ { name: "IN" data_type: TYPE_INT32'))
     return server_factory(root, "--allow-python-models")
 
 
@@ -77,12 +82,24 @@ def test_a_chain_whose_steps_agree_answers(server: RunningServer) -> None:
                                           "data": [4.0, 8.0]}
 
 
-def test_a_step_output_of_another_datatype_than_declared_is_not_served(
+def test_a_step_output_of_another_datatype_than_declared_is_refused_at_load(
         server: RunningServer) -> None:
+    """Before: it loaded, and every request was a 500 (the output checked per answer)."""
     reply = infer(server.url, "int_out", IN)
-    assert reply.status == 500, reply.body
-    assert reply.error.startswith("pipeline 'int_out' failed to run the request")
-    assert "output 'OUT' is INT32 from its step, its config says FP32" in server.log()
+    assert reply.status == 503, reply.body
+    assert ("load failed: pipeline 'int_out' step 2 ('to_int') makes pipeline output 'OUT' as "
+            "INT32 (its output 'Y'), but the pipeline's config declares it FP32") in reply.error
+
+
+def test_an_ensemble_input_declared_in_another_datatype_than_its_step_takes_is_refused(
+        server: RunningServer) -> None:
+    """The ensemble declares IN as INT32, its first step takes it as FP32: before, it loaded
+    and every request failed at the step."""
+    reply = infer(server.url, "int_in", {"inputs": [
+        {"name": "IN", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]})
+    assert reply.status == 503, reply.body
+    assert ("load failed: pipeline 'int_in' step 1 ('double') takes 'IN' as input 'X' of FP32, "
+            "but the pipeline's config declares it INT32") in reply.error
 
 
 def test_a_step_taking_a_tensor_in_another_datatype_than_made_is_refused_at_load(

@@ -46,6 +46,7 @@ from serval.repository.steps import (
     StepNotReady,
     check_no_loop,
     check_step_tensors,
+    pipeline_of,
     step_models,
     steps_of,
     steps_while_loading,
@@ -329,7 +330,7 @@ class ModelRegistry(ModelTable):
         Python model, a missing model) makes the pipeline UNAVAILABLE with the reason at
         load, not at its first request. StepNotReady naming the step in the log only. The
         steps are those of the config loading (`override`'s), loops checked with them."""
-        steps = await asyncio.to_thread(steps_of, self.root, served.name, override)
+        steps, declared = await asyncio.to_thread(pipeline_of, self.root, served.name, override)
         if not steps:
             return
         served.state, served.reason = ModelState.LOADING, "loading its steps"
@@ -342,7 +343,7 @@ class ModelRegistry(ModelTable):
                 raise StepNotReady(f"step {index} ('{step.model}') cannot serve: {exc.message}",
                                    f"step {index} cannot serve: one of its models is not ready "
                                    "(the repository index and the log say why)") from None
-        check_step_tensors(served.name, steps, self.get)  # a tensor a step's model lacks
+        check_step_tensors(served.name, steps, self.get, declared)
 
     def step_models(self, name: str) -> list[str]:
         """The models a pipeline's steps run on, nested pipelines' too, each once (Triton's

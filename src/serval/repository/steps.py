@@ -13,15 +13,22 @@ from serval.repository.served import ModelState, ServedModel
 
 StepsOf = Callable[[str], list[PipelineStep]]
 GetModel = Callable[[str, str | None], ServedModel]
+Declared = tuple[dict[str, str], dict[str, str]]  # a pipeline's inputs, outputs: name -> datatype
 
 
-def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel) -> None:
+def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel,
+                       declared: Declared | None = None) -> None:
     """ConfigError when a step maps an input or output its model does not have, or takes a
-    tensor in another datatype than the step that makes it (Triton refuses such an ensemble
-    at load), naming the step, the tensors and the model's own ones.
+    tensor in another datatype than the step that makes it or the pipeline's config declares
+    it, or makes a pipeline output in another than declared (Triton refuses such an ensemble
+    at load), naming the step, the tensors and the model's own ones. `declared`: the
+    pipeline's own inputs and outputs (name -> datatype).
     Checked once the steps' models have loaded; a step whose model holds no loaded version
     now (evicted) is checked at its next load."""
-    made: dict[str, tuple[str, str]] = {}  # pipeline tensor -> (datatype, which step made it)
+    inputs, outputs = declared or ({}, {})
+    # pipeline tensor -> (datatype, who says so)
+    made = {tensor: (datatype, "the pipeline's config declares it")
+            for tensor, datatype in inputs.items()}
     for index, step in enumerate(steps, start=1):
         try:
             model = get(step.model, step.version).model
@@ -46,10 +53,16 @@ def check_step_tensors(name: str, steps: list[PipelineStep], get: GetModel) -> N
             if tensor in made and made[tensor][0] != spec.datatype:
                 datatype, maker = made[tensor]
                 raise ConfigError(f"{where} takes '{tensor}' as input '{spec.name}' of "
-                                  f"{spec.datatype}, but {maker} makes it {datatype}")
+                                  f"{spec.datatype}, but {maker} {datatype}")
         for spec in metadata.outputs:
             if spec.name in step.outputs:
-                made[step.outputs[spec.name]] = spec.datatype, f"step {index} ('{step.model}')"
+                tensor = step.outputs[spec.name]
+                made[tensor] = spec.datatype, f"step {index} ('{step.model}') makes it"
+                if tensor in outputs and outputs[tensor] != spec.datatype:
+                    raise ConfigError(
+                        f"{where} makes pipeline output '{tensor}' as {spec.datatype} (its "
+                        f"output '{spec.name}'), but the pipeline's config declares it "
+                        f"{outputs[tensor]}")
 
 
 class StepNotReady(ConfigError):
@@ -64,13 +77,23 @@ class StepNotReady(ConfigError):
 def steps_of(root: Path, name: str, override: LoadOverride | None) -> list[PipelineStep]:
     """The steps a model's config lists, with the load override in force ([] for a model
     that is no pipeline, or whose config is broken: its own load reports that)."""
+    return pipeline_of(root, name, override)[0]
+
+
+def pipeline_of(root: Path, name: str, override: LoadOverride | None
+                ) -> tuple[list[PipelineStep], Declared]:
+    """A pipeline's steps and its declared inputs and outputs (name -> datatype), with the
+    load override in force (nothing for a model that is no pipeline or whose config is broken:
+    its own load reports that)."""
     directory = model_directory(root, name, override)
     if directory is None:
-        return []
+        return [], ({}, {})
     try:
-        return list((override.config(directory) if override else directory.config()).steps)
+        config = override.config(directory) if override else directory.config()
     except ConfigError:
-        return []
+        return [], ({}, {})
+    return list(config.steps), ({spec.name: spec.datatype for spec in config.inputs},
+                                {spec.name: spec.datatype for spec in config.outputs})
 
 
 def steps_while_loading(name: str, own: list[PipelineStep], steps_of: StepsOf,

@@ -61,6 +61,33 @@ def test_a_well_wired_step_passes() -> None:
     check_step_tensors("pipe", unloaded, _get)  # its own load reports a missing model
 
 
+def test_a_step_taking_a_pipeline_input_in_another_datatype_is_refused() -> None:
+    """Before: it loaded, and every request failed at the step (Triton refuses it at load)."""
+    declared = ({"x": "INT32"}, {"y": "FP32"})
+    with pytest.raises(ConfigError) as caught:
+        check_step_tensors("pipe", [_step({"input": "x"}, {"probabilities": "y"})], _get,
+                           declared)
+    assert str(caught.value) == ("pipeline 'pipe' step 1 ('good') takes 'x' as input 'input' of "
+                                 "FP32, but the pipeline's config declares it INT32")
+
+
+def test_a_pipeline_output_made_in_another_datatype_is_refused() -> None:
+    """Before: it loaded, and every request was a 500 (the output's datatype checked per
+    answer)."""
+    declared = ({"x": "FP32"}, {"y": "FP64"})
+    with pytest.raises(ConfigError) as caught:
+        check_step_tensors("pipe", [_step({"input": "x"}, {"probabilities": "y"})], _get,
+                           declared)
+    assert str(caught.value) == ("pipeline 'pipe' step 1 ('good') makes pipeline output 'y' as "
+                                 "FP32 (its output 'probabilities'), but the pipeline's config "
+                                 "declares it FP64")
+
+
+def test_declared_datatypes_that_agree_pass() -> None:
+    check_step_tensors("pipe", [_step({"input": "x"}, {"probabilities": "y"})], _get,
+                       ({"x": "FP32"}, {"y": "FP32"}))
+
+
 # --- nested pipelines whose steps name one model many times -----------------------------------
 
 _DEPTH, _FAN = 12, 3  # pipeline p<k> has 3 steps on p<k-1>; p0 is a model: 3**12 paths
