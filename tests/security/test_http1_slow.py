@@ -9,15 +9,18 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call
-from tests.security.conftest import closed_within, connect, watch
+from tests.security.conftest import closed_within, connect, security_repository, watch
 from tests.security.http1_helpers import (
     Factory,
     assert_log_quiet,
     open_partial,
+    read_until,
     short_server,
     statuses,
     wait_for,
@@ -25,6 +28,7 @@ from tests.security.http1_helpers import (
 
 pytestmark = pytest.mark.integration
 PARTIAL = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Slow: "
+LIVE = b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n\r\n"
 RATE = 4_000  # slowloris connections opened a second
 
 
@@ -156,6 +160,29 @@ def test_busy_connections_are_kept_and_stalled_bodies_make_room(
     assert len(left) < 3  # the oldest stalled one was evicted
     for sock in left:
         sock.close()
+
+
+def test_at_the_limit_clients_keep_alive_connections_outlast_slowloris_opens(
+        server_factory: Factory, tmp_path: Path) -> None:
+    """The gate closed the oldest idle connection: a client's keep-alive connections, opened
+    before an attack and idle between two calls, went before any slowloris open (a CI run saw a
+    gRPC call fail so). Opens that never finished a request now go first, oldest first."""
+    server = server_factory(security_repository(tmp_path), "--max-connections", "4",
+                            "--header-timeout-s", "30", "--keepalive-timeout-s", "30")
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_url)
+    x = triton_grpc.InferInput("x", [1, 8], "FP32")
+    x.set_data_from_numpy(np.full((1, 8), 0.5, dtype=np.float32))
+    grpc_client.infer("linear", [x])
+    with connect(server.port) as keep_alive:
+        keep_alive.sendall(LIVE)
+        assert statuses(read_until(keep_alive, lambda got: b"\r\n\r\n" in got)) == [200]
+        slow = [open_partial(server.port, PARTIAL) for _ in range(2)]  # the limit: 4 open
+        newcomer = open_partial(server.port, PARTIAL)
+        wait_for(lambda: len(_still_open(list(slow))) < 2, 5.0, "a slowloris is closed")
+        assert len(_still_open([slow[1], newcomer])) == 2  # the oldest of them went
+        keep_alive.sendall(LIVE)
+        assert statuses(read_until(keep_alive, lambda got: b"\r\n\r\n" in got)) == [200]
+    grpc_client.infer("linear", [x])
 
 
 def _answered(server: RunningServer) -> bool:

@@ -159,7 +159,8 @@ def serve_command(
         "unloaded or replaced model version's in-flight requests get as long, then 503."),
     max_connections: int = _limit(
         "max_connections", "Open connections, HTTP and gRPC together; at the limit a new one "
-        "replaces the oldest idle one (0: from the file-descriptor limit, at most 10,000)."),
+        "replaces an idle one, first one that never finished a request (0: from the "
+        "file-descriptor limit, at most 10,000)."),
     receive_budget_mb: float = _limit(
         "receive_budget_bytes", "Request bytes held server-wide; beyond, new requests get "
         "429 / RESOURCE_EXHAUSTED before their body is read.", MIB),

@@ -202,7 +202,7 @@ def transport_gauges(guards: TransportGuards, dataplane: DataPlane | None = None
                      ) -> TransportGauges:
     """What the transports' guards and the in-flight limit hold and have refused, read at
     scrape time."""
-    return TransportGauges(len(guards.gate.open), guards.gate.max_connections,
+    return TransportGauges(guards.gate.count, guards.gate.max_connections,
                            dict(guards.abuse.counts), guards.budget.held_bytes,
                            guards.budget.limit_bytes, guards.budget.refused,
                            *((dataplane.inflight, dataplane.max_inflight,

@@ -82,7 +82,30 @@ def test_at_the_limit_the_oldest_idle_connection_makes_room() -> None:
     arriving = _Connection()
     assert gate.admit(arriving)
     assert idle.evicted and not newer_idle.evicted and not busy.evicted
-    assert list(gate.open) == [busy, newer_idle, arriving]
+    assert list(gate.fresh) == [busy, newer_idle, arriving] and gate.count == 3
+
+
+def test_at_the_limit_connections_that_served_requests_go_last() -> None:
+    """A client's keep-alive connection, opened first and idle between two calls, was the
+    oldest idle one: a flood of slowloris opens at the limit closed it before any of theirs
+    (a CI run saw a gRPC client's call fail so). Opens that never finished a request now go
+    first, oldest first; then the served connection idle longest."""
+    gate = ConnectionGate(4, AbuseLog())
+    client, other, slow, slower = (_Connection(idle=True) for _ in range(4))
+    for connection in (client, other, slow, slower):
+        assert gate.admit(connection)
+    gate.touch(client)  # each finished a call
+    gate.touch(other)
+    assert gate.admit(_Connection()) and gate.admit(_Connection(idle=True))
+    assert slow.evicted and slower.evicted and not client.evicted and not other.evicted
+    gate.touch(client)  # another call: now other is idle longest
+    for connection in list(gate.fresh):
+        connection.idle = False
+    assert gate.admit(_Connection())
+    assert other.evicted and not client.evicted
+    gate.release(client)
+    gate.touch(client)  # closed meanwhile: nothing to move
+    assert gate.count == 3 and client not in gate.served and client not in gate.fresh
 
 
 def test_while_every_connection_is_busy_a_flood_of_new_ones_is_not_a_scan_each() -> None:

@@ -199,6 +199,7 @@ class GrpcConnection(Http2Connection):
         self._consumed_by_connection(call.release())
         if not self.calls:
             self.idle_since = asyncio.get_running_loop().time()
+            self.guards.gate.touch(self)
 
     def _end_early(self, stream_id: int) -> None:
         ended = self._ended_early

@@ -297,6 +297,7 @@ class HttpProtocol(RequestReader):
         finally:
             self.handler = None
             self.idle_since = self.loop.time()
+            self.guards.gate.touch(self)
             if self.continue_owed and not self.refused:
                 self.continue_owed = False
                 self._send_continue()
