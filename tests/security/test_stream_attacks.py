@@ -58,7 +58,8 @@ class TritonPythonModel:
                 pb_utils.Tensor("OUT", payload)]))
             with self.lock:
                 self.sent += 1
-                (self.folder / "sent").write_text(str(self.sent))
+                (self.folder / "sent.new").write_text(str(self.sent))
+                (self.folder / "sent.new").replace(self.folder / "sent")  # never read half
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         (self.folder / ("done-" + request_id)).write_text("")
 '''
@@ -198,11 +199,12 @@ def _count(path: Path) -> int:
 
 
 def _settled(path: Path, bound: int) -> int:
-    """The count in `path` once it stops growing (unchanged for a second), failing as soon as
-    it passes `bound`."""
+    """The count in `path` once it stops growing (unchanged for a second after the first
+    count: a loaded box may take that long to write it), failing as soon as it passes
+    `bound`."""
     deadline = time.monotonic() + WAIT_S
     last, since = -1, time.monotonic()
-    while time.monotonic() - since < 1.0:
+    while last <= 0 or time.monotonic() - since < 1.0:
         assert time.monotonic() < deadline, f"still growing after {WAIT_S} s: {last}"
         count = _count(path)
         assert count <= bound, f"{count} responses sent to a client that reads none"
