@@ -38,6 +38,7 @@ from serval.backends.isolated import (
     load_in_child,
     serve_child,
 )
+from serval.backends.isolated_pool import pooled, start_instances
 from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
 from serval.backends.pipe_responses import RESPONSE as _RESPONSE
@@ -59,6 +60,13 @@ class StreamingIsolatedBackend(IsolatedBackend):
     """IsolatedBackend whose children serve decoupled models too."""
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
+        """A worker process per instance (instance_group count), as Triton's stub processes;
+        one for a sequence model, whose per-sequence state must stay in one process (the
+        sequencer may run a sequence's next step on any instance)."""
+        count = 1 if spec.config.sequence_batching is not None else spec.config.instances
+        return pooled(start_instances(count, lambda: self._load_one(spec)))
+
+    def _load_one(self, spec: ModelVersionSpec) -> LoadedModel:
         model = IsolatedModel(self.inner, spec, child_target=stream_child_main,
                               caller=self.caller)
         if model.metadata.decoupled:
