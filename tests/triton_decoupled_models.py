@@ -235,6 +235,8 @@ outputs:
 def build_all(root: Path) -> Path:
     write(root, "repeat_int32", REPEAT, REPEAT_PBTXT)
     write(root, "square_int32", SQUARE, SQUARE_PBTXT)
+    write(root, "square_int32_x2", SQUARE,  # a worker process per instance: two streams at once
+          SQUARE_PBTXT + "instance_group [ {{ count: 2, kind: KIND_CPU }} ]\n")
     write(root, "modes", MODES_MODEL, MODES_PBTXT)
     write_serval(root, "counter", COUNTER, COUNTER_CONFIG)
     return root

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import RunningServer
-from tests.triton_python_models import write
+from tests.triton_python_models import write_pbtxt
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -63,14 +63,8 @@ output [
   {{ name: "SEEN", data_type: TYPE_INT32, dims: [ 1 ] }},
   {{ name: "PID", data_type: TYPE_INT32, dims: [ 1 ] }}
 ]
-instance_group [ {{ count: {count}, kind: KIND_CPU }} ]
+instance_group [ {{ count: 3, kind: KIND_CPU }} ]
 """
-
-
-def _write_pbtxt(root: Path, name: str, count: int, folder: Path) -> None:
-    write(root, name, RENDEZVOUS.format(folder=str(folder)), "")
-    (root / name / "config.yaml").unlink()
-    (root / name / "config.pbtxt").write_text(CONFIG.format(name=name, count=count))
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +73,7 @@ def served(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("python-instances")
     folders = tmp_path_factory.mktemp("rendezvous")
     (folders / "three").mkdir()
-    _write_pbtxt(root, "three", 3, folders / "three")
+    write_pbtxt(root, "three", RENDEZVOUS.format(folder=str(folders / "three")), CONFIG)
     return server_factory(root, "--allow-python-models", "--repository-api"), folders
 
 

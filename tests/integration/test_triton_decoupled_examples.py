@@ -78,9 +78,10 @@ def test_simple_grpc_custom_repeat(server: RunningServer) -> None:
         expected_data += 1
 
 
-def test_square_client(server: RunningServer) -> None:
-    """python_backend's examples/decoupled/square_client.py: 4, 2, 0 and 1 responses."""
-    model_name = "square_int32"
+@pytest.mark.parametrize("model_name", ["square_int32", "square_int32_x2"])
+def test_square_client(server: RunningServer, model_name: str) -> None:
+    """python_backend's examples/decoupled/square_client.py: 4, 2, 0 and 1 responses (with
+    instance_group count 2 too: its requests spread over two worker processes)."""
     in_values = [4, 2, 0, 1]
     inputs = [grpcclient.InferInput("IN", [1], np_to_triton_dtype(np.int32))]
     outputs = [grpcclient.InferRequestedOutput("OUT")]
