@@ -19,6 +19,7 @@ from serval.auth import ANONYMOUS, Action, Token, TokenStore, act_as, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError, shown
+from serval.observability.scrapes import PacedRenderer
 from serval.protocol.rest_codec import json_object
 from serval.server.http.codec_process import CodecProcess
 from serval.server.http.errors import (
@@ -58,6 +59,7 @@ class HttpApp:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes  # decompressed bodies too
         self.metrics = metrics
+        self.scrapes = PacedRenderer(lambda: generate_latest(metrics))  # floods take <= 10%
         self.auth = auth  # None: no authentication
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
         self.codec = CodecProcess()  # large JSON tensors, off the event loop
@@ -111,7 +113,7 @@ class HttpApp:
                 return shared_memory_route(self.dataplane.shared_memory, method, parts[1:], body)
             return await self._server_route(method, parts[1:])
         if parts == ["metrics"] and method == "GET":
-            return 200, generate_latest(self.metrics), [(b"content-type", b"text/plain")]
+            return 200, await self.scrapes.get(), [(b"content-type", b"text/plain")]
         if StatusRoutes.is_asset(parts):  # the status page: open, it holds no data
             return self.status.asset(method, parts)
         if parts[0] == "status":  # the status page's JSON

@@ -1,0 +1,82 @@
+"""/metrics renders paced: a lone scrape renders at once; scrapes within the pace share one
+render that starts after they arrived, PACE x the last render's time after it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from serval.observability.scrapes import PACE, PacedRenderer, next_start
+
+pytestmark = pytest.mark.unit
+
+RENDER_S = 0.01
+
+
+class _Render:
+    """A render that takes RENDER_S and says which render it was; when each one started."""
+
+    def __init__(self, fail_at: int = 0) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.fail_at = fail_at
+
+    def __call__(self) -> bytes:
+        self.starts.append(time.monotonic())
+        time.sleep(RENDER_S)  # the render's own work: it runs on the loop, as generate_latest
+        self.ends.append(time.monotonic())
+        if len(self.starts) == self.fail_at:
+            raise RuntimeError("collector failed")
+        return b"%d" % len(self.starts)
+
+
+def test_the_next_render_starts_pace_times_the_last_ones_duration_after_it() -> None:
+    assert next_start(10.0, 0.5) == 10.0 + PACE * 0.5
+    assert next_start(float("-inf"), 0.0) == float("-inf")  # nothing rendered yet: at once
+
+
+def test_a_lone_scrape_renders_at_once() -> None:
+    render = _Render()
+    renderer = PacedRenderer(render)
+    assert asyncio.run(renderer.get()) == b"1" and renderer.renders == 1
+
+
+def test_a_flood_of_scrapes_shares_paced_renders_each_newer_than_its_scrape() -> None:
+    """Before: each of 200 scrapes rendered (200 renders back to back on the loop)."""
+    render = _Render()
+    renderer = PacedRenderer(render)
+
+    async def flood() -> list[tuple[float, bytes]]:
+        assert await renderer.get() == b"1"
+        asked = []
+
+        async def scrape() -> tuple[float, bytes]:
+            asked_at = time.monotonic()
+            return asked_at, await renderer.get()
+
+        for _ in range(4):  # four waves of 50 concurrent scrapes, one after another
+            asked += await asyncio.gather(*(scrape() for _ in range(50)))
+        return asked
+
+    answers = asyncio.run(flood())
+    assert renderer.renders == 5  # the first, then one per wave
+    for asked_at, body in answers:
+        assert render.starts[int(body) - 1] >= asked_at  # never older than the scrape
+    for index in range(1, 5):
+        took = render.ends[index - 1] - render.starts[index - 1]
+        assert render.starts[index] - render.ends[index - 1] >= PACE * took - 0.002
+
+
+def test_a_failed_render_fails_its_scrapes_and_the_next_renders_again() -> None:
+    renderer = PacedRenderer(_Render(fail_at=2))
+
+    async def scrapes() -> list[object]:
+        await renderer.get()
+        failed = await asyncio.gather(renderer.get(), renderer.get(), return_exceptions=True)
+        return [*failed, await renderer.get()]
+
+    first, second, third = asyncio.run(scrapes())
+    assert isinstance(first, RuntimeError) and isinstance(second, RuntimeError)
+    assert third == b"3"
