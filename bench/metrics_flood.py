@@ -1,4 +1,5 @@
-"""A /metrics flood against a server with many busy models: what the good clients keep.
+"""A /metrics flood (or another route's, --flood) against a server with many busy models: what
+the good clients keep.
 
 Serves --models small heads (bench/many_models.py's), sends each a request so that the top
 100 get their own series, then measures a good client (--clients keep-alive connections
@@ -50,7 +51,7 @@ def _loop(port: int, method: str, path: str, body: bytes | None, stop: threading
     connection.close()
 
 
-def _phase(port: int, clients: int, flooders: int, seconds: float
+def _phase(port: int, clients: int, flooders: int, seconds: float, flood: str = "GET /metrics"
            ) -> tuple[float, float, int, float]:
     """(good req/s, good p99 s, scrapes answered, mean scrape s) over one window."""
     stop = threading.Event()
@@ -59,7 +60,9 @@ def _phase(port: int, clients: int, flooders: int, seconds: float
     body = _body()
     threads = [threading.Thread(target=_loop, args=(port, "POST", "/v2/models/tenant00000/infer",
                                                     body, stop, times)) for times in good]
-    threads += [threading.Thread(target=_loop, args=(port, "GET", "/metrics", None, stop, times))
+    method, path = flood.split(" ", 1)
+    payload = b"{}" if method == "POST" else None
+    threads += [threading.Thread(target=_loop, args=(port, method, path, payload, stop, times))
                 for times in scrapes]
     for thread in threads:
         thread.start()
@@ -89,6 +92,8 @@ def main() -> None:
     parser.add_argument("--flooders", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--flood", default="GET /metrics",
+                        help="the flooders' request: 'METHOD PATH' (a POST sends {})")
     parser.add_argument("--tree", type=Path, default=None,
                         help="serve from another checkout's src/ (e.g. the 'before' tree)")
     args = parser.parse_args()
@@ -112,13 +117,15 @@ def main() -> None:
             alone, flooded = [], []
             for _ in range(args.rounds):
                 alone.append(_phase(port, args.clients, 0, args.seconds))
-                flooded.append(_phase(port, args.clients, args.flooders, args.seconds))
+                flooded.append(_phase(port, args.clients, args.flooders, args.seconds,
+                                      args.flood))
     rate_alone = statistics.median(r[0] for r in alone)
     rate_flooded = statistics.median(r[0] for r in flooded)
     p99_alone = statistics.median(r[1] for r in alone)
     p99_flooded = statistics.median(r[1] for r in flooded)
     print(f"{args.models} busy models, /metrics {render_s * 1000:.0f} ms a lone scrape; "
-          f"{args.clients} good clients, {args.flooders} flooders, median of {args.rounds}")
+          f"{args.clients} good clients, {args.flooders} flooders of {args.flood}, "
+          f"median of {args.rounds}")
     print(f"  alone:   {rate_alone:8.1f} req/s  p99 {p99_alone * 1000:7.1f} ms")
     print(f"  flooded: {rate_flooded:8.1f} req/s  p99 {p99_flooded * 1000:7.1f} ms  "
           f"scrapes answered {statistics.median(r[2] for r in flooded):.0f}")

@@ -26,6 +26,7 @@ from serval.errors import (
     UnsupportedCall,
     shown,
 )
+from serval.loop_share import LoopShare
 from serval.observability.log_settings import LogControl
 from serval.observability.trace import Tracer, Value
 from serval.protocol.classification import classify
@@ -60,6 +61,7 @@ class DataPlane:
                  shared_memory: SharedMemoryRegistry | None = None,
                  logs: LogControl | None = None, tracer: Tracer | None = None) -> None:
         self.registry = registry
+        self.loop_share = LoopShare()  # for work over every model (statistics, index, status)
         self.logs = logs  # the logging extension; None: this process's logging is not ours
         self.tracer = tracer or Tracer()
         self.shared_memory = shared_memory  # system shm regions; None: the extension is off

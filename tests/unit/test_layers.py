@@ -21,7 +21,8 @@ ROOT = "serval"
 # modules and units on lower floors only; units on one floor are independent of each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("serval", "errors"),  # the package itself (__version__) and the error vocabulary
-    ("stats", "protocol", "auth", "http2", "ports"),  # ground types, wire formats, HTTP/2 bits
+    ("stats", "protocol", "auth", "http2", "ports", "loop_share"),  # ground types, wire
+    # formats, HTTP/2 bits, the loop's ration for work that grows with the models
     ("model_config",),  # a model's settings (over the datatype table)
     ("config", "observability"),  # the server's settings; metrics/logs over stats
     ("backends",),  # engines, behind backends.base

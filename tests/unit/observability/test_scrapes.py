@@ -1,5 +1,6 @@
-"""/metrics renders paced: a lone scrape renders at once; scrapes within the pace share one
-render that starts after they arrived, PACE x the last render's time after it ended."""
+"""/metrics renders shared and paced: a lone scraper renders at once, every time; scrapes that
+overlap share renders, each starting after they arrived and, after a shared one, PACE x its
+time after it ended."""
 
 from __future__ import annotations
 
@@ -32,15 +33,22 @@ class _Render:
         return b"%d" % len(self.starts)
 
 
-def test_the_next_render_starts_pace_times_the_last_ones_duration_after_it() -> None:
-    assert next_start(10.0, 0.5) == 10.0 + PACE * 0.5
-    assert next_start(float("-inf"), 0.0) == float("-inf")  # nothing rendered yet: at once
+def test_the_next_render_waits_pace_times_a_shared_ones_duration() -> None:
+    assert next_start(10.0, 0.5, shared=True) == 10.0 + PACE * 0.5
+    assert next_start(10.0, 0.5, shared=False) == float("-inf")  # one scraper: at once
 
 
-def test_a_lone_scrape_renders_at_once() -> None:
+def test_a_lone_scraper_renders_at_once_every_time() -> None:
+    """A person or a test polling /metrics one scrape after another is never paced."""
     render = _Render()
     renderer = PacedRenderer(render)
-    assert asyncio.run(renderer.get()) == b"1" and renderer.renders == 1
+
+    async def poll() -> list[bytes]:
+        return [await renderer.get() for _ in range(5)]
+
+    started = time.monotonic()
+    assert asyncio.run(poll()) == [b"1", b"2", b"3", b"4", b"5"]
+    assert time.monotonic() - started < PACE * RENDER_S  # less than one paced wait in all
 
 
 def test_a_flood_of_scrapes_shares_paced_renders_each_newer_than_its_scrape() -> None:
@@ -64,7 +72,7 @@ def test_a_flood_of_scrapes_shares_paced_renders_each_newer_than_its_scrape() ->
     assert renderer.renders == 5  # the first, then one per wave
     for asked_at, body in answers:
         assert render.starts[int(body) - 1] >= asked_at  # never older than the scrape
-    for index in range(1, 5):
+    for index in range(2, 5):  # after each shared render (the first served one scrape)
         took = render.ends[index - 1] - render.starts[index - 1]
         assert render.starts[index] - render.ends[index - 1] >= PACE * took - 0.002
 

@@ -116,8 +116,9 @@ class HttpApp:
             return 200, await self.scrapes.get(), [(b"content-type", b"text/plain")]
         if StatusRoutes.is_asset(parts):  # the status page: open, it holds no data
             return self.status.asset(method, parts)
-        if parts[0] == "status":  # the status page's JSON
-            return self.status.json(method, parts[1:], query)
+        if parts[0] == "status":  # the status page's JSON: over every model
+            async with self.dataplane.loop_share.turn():
+                return self.status.json(method, parts[1:], query)
         return _not_found(method, path)
 
     def _authorize(self, headers: RawHeaders, parts: list[str], method: str) -> Token:
@@ -200,7 +201,8 @@ class HttpApp:
             if not isinstance(ready, bool):
                 raise InvalidInput("repository index 'ready' must be a JSON boolean (true or "
                                    f"false), got {shown(ready)}")
-            return _json(self.dataplane.repository_index(ready))
+            async with self.dataplane.loop_share.turn():
+                return _json(self.dataplane.repository_index(ready))
         if len(parts) == 3 and parts[0] == "models" and parts[2] in ("load", "unload"):
             if parts[2] == "load":
                 await self.dataplane.load_model(parts[1], params.get("config"),
