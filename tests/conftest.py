@@ -96,10 +96,9 @@ _IN_TEST_BODY: list[RunningServer] | None = None  # servers a running test start
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """Servers a test starts in its own body are stopped when it ends (those of fixtures live
-    as long as their fixture): left running until the session's end, each kept its timers and
-    repository poll going (one polling 3,000 folders every 0.1 s took 44% of a core for the
-    rest of the run)."""
+    """Servers a test starts in its own body are stopped when it ends (those fixtures start
+    stop at the session's end): left running, each kept its timers and repository poll going
+    (one polling 3,000 folders every 0.1 s took 44% of a core for the rest of the run)."""
     global _IN_TEST_BODY
     _IN_TEST_BODY = []
     try:
