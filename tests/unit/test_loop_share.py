@@ -25,13 +25,12 @@ def test_the_bucket_refills_at_the_share_up_to_the_burst() -> None:
 def test_a_lone_slice_runs_at_once() -> None:
     share = LoopShare(share=0.1, burst_s=0.05)
 
-    async def one() -> float:
-        started = time.monotonic()
+    async def one() -> None:
         async with share.turn():
             time.sleep(SLICE_S)
-        return time.monotonic() - started
 
-    assert asyncio.run(one()) < 0.05 + SLICE_S and share.waited == 0
+    asyncio.run(one())
+    assert share.waited == 0
 
 
 def test_a_flood_of_slices_takes_about_the_share_in_arrival_order() -> None:
