@@ -94,7 +94,8 @@ async def _unauthorized(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def _gone_mid_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nPOST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 900\r\n\r\nxx")
+    writer.write(b"GET /a HTTP/1.1\r\nHost: t\r\n\r\n"
+                 b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 900\r\n\r\nxx")
     await reader.readuntil(b"{}")
 
 

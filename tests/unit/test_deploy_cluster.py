@@ -20,17 +20,16 @@ import kubernetes_validate
 import pytest
 import typer
 import yaml
-from prometheus_client import generate_latest
 from typer.testing import CliRunner
 
 from serval.cli.cluster import app as cluster_app
 from serval.cli.main import app as main_app
 from serval.observability.metrics import (
+    Exposition,
     ModelGauges,
-    ModelMetricsCollector,
+    ModelSeries,
     RegistryGauges,
     RegistryMetricsCollector,
-    build_registry,
 )
 from serval.server.build import GRACEFUL_SHUTDOWN_S
 from serval.stats import Histogram, ModelStats
@@ -434,9 +433,8 @@ def _exported_metric_names() -> set[str]:
                         pending_requests=3, running_batches=1)
     registry_gauges = RegistryGauges(loads=1, evictions=0, resident_bytes=1, budget_bytes=2,
                                      hits=1, misses=0, load_seconds=Histogram([1.0]))
-    registry = build_registry(ModelMetricsCollector(lambda: [model], totals, top_k=10),
-                              RegistryMetricsCollector(lambda: registry_gauges))
-    text = generate_latest(registry).decode()
+    text = Exposition(ModelSeries(lambda: [model], totals, top_k=10),
+                      RegistryMetricsCollector(lambda: registry_gauges)).render().decode()
     return {line.split("{")[0].split()[0] for line in text.splitlines()
             if line and not line.startswith("#")}
 

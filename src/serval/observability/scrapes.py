@@ -1,12 +1,12 @@
 """/metrics renders, shared and paced: a flood of scrapes cannot take the event loop.
 
 Rendering runs on the event loop and its cost grows with the models that get series (about
-0.7 ms per model on this box: 150 busy models, 107 ms). Scrapes that arrive together share one
-render. When a render served more than one scrape (several scrapers at once: a flood), the
-next starts no sooner than PACE times its duration after it ended, so however many connections
-scrape, however fast, rendering takes at most 1 / (PACE + 1) of the loop. A lone scraper (a
-Prometheus, a person polling) is never held back: its every scrape renders at once. No scrape
-is answered with figures older than itself.
+45 us per model on this box: 4.6 ms for the default 100 and the summed rest). Scrapes that
+arrive together share one render. When a render served more than one scrape (several
+scrapers at once: a flood), the next starts no sooner than PACE times its duration after it
+ended, so however many connections scrape, however fast, rendering takes at most
+1 / (PACE + 1) of the loop. A lone scraper (a Prometheus, a person polling) is never held
+back: its every scrape renders at once. No scrape is answered with figures older than itself.
 
 The pacing rule is a pure function (`next_start`); PacedRenderer is its thin async shell on an
 injected clock.

@@ -22,12 +22,12 @@ from serval.dataplane import DataPlane
 from serval.errors import ConfigError, LoadFailed, ModelNotReady
 from serval.observability.logging import log_control
 from serval.observability.metrics import (
-    ModelMetricsCollector,
+    Exposition,
+    ModelSeries,
     RegistryGauges,
     RegistryMetricsCollector,
     TransportGauges,
     TransportMetricsCollector,
-    build_registry,
 )
 from serval.observability.trace import Tracer
 from serval.protocol.shared_memory import SharedMemoryRegistry
@@ -44,8 +44,6 @@ from serval.server.listen import bind_socket, serve_on, tls_context
 from serval.server.streams import model_stream
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from serval.server.grpc.server import GrpcServer
 
 log = logging.getLogger(__name__)
@@ -185,10 +183,10 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
 
 
 def build_metrics(registry: ModelRegistry, guards: TransportGuards, top_k: int,
-                  dataplane: DataPlane | None = None) -> CollectorRegistry:
-    """The Prometheus registry: per-model series, the registry's gauges, the transports'."""
-    return build_registry(
-        ModelMetricsCollector(registry.all_models, registry.totals, top_k=top_k),
+                  dataplane: DataPlane | None = None) -> Exposition:
+    """/metrics: per-model series, the registry's gauges, the transports'."""
+    return Exposition(
+        ModelSeries(registry.all_models, registry.totals, top_k=top_k),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
             registry.memory_budget_bytes, registry.hits, registry.misses,

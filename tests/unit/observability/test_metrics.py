@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import generate_latest
 
-from serval.observability.metrics import (
-    OTHER_MODELS,
-    ModelGauges,
-    ModelMetricsCollector,
-    build_registry,
-)
+from serval.observability.metrics import OTHER_MODELS, Exposition, ModelGauges, ModelSeries
 from serval.stats import ModelStats
 
 pytestmark = pytest.mark.unit
@@ -31,8 +25,7 @@ def _model(name: str, requests: int, totals: ModelStats = TOTALS) -> ModelGauges
 def test_only_the_busiest_models_get_their_own_series() -> None:
     totals = ModelStats("_all", "")
     models = [_model(f"m{i}", requests=i, totals=totals) for i in range(1, 51)]
-    collector = ModelMetricsCollector(lambda: models, totals, top_k=5)
-    text = generate_latest(build_registry(collector))
+    text = Exposition(ModelSeries(lambda: models, totals, top_k=5)).render()
     lines = text.decode().splitlines()
     named = {line.split('model="')[1].split('"')[0] for line in lines if 'model="' in line}
     assert named == {"m46", "m47", "m48", "m49", "m50", OTHER_MODELS}
@@ -45,5 +38,5 @@ def test_only_the_busiest_models_get_their_own_series() -> None:
 
 def test_few_models_are_all_listed() -> None:
     models = [_model("a", 1), _model("b", 2)]
-    text = generate_latest(build_registry(ModelMetricsCollector(lambda: models, TOTALS, top_k=5)))
+    text = Exposition(ModelSeries(lambda: models, TOTALS, top_k=5)).render()
     assert OTHER_MODELS not in text.decode()

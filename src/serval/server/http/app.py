@@ -13,12 +13,12 @@ import zlib
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, generate_latest
 
 from serval.auth import ANONYMOUS, Action, Token, TokenStore, act_as, bearer
 from serval.config import TransportLimits
 from serval.dataplane import DataPlane, deadline_after, may_set_timeout
 from serval.errors import InvalidInput, ServalError, shown
+from serval.observability.metrics import Exposition
 from serval.observability.scrapes import PacedRenderer
 from serval.protocol.rest_codec import json_object
 from serval.server.http.codec_process import CodecProcess
@@ -53,13 +53,13 @@ _SERVER_PATHS: tuple[list[str], ...] = (  # the GET routes of _server_route
 class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""
 
-    def __init__(self, dataplane: DataPlane, metrics: CollectorRegistry,
+    def __init__(self, dataplane: DataPlane, metrics: Exposition,
                  auth: TokenStore | None = None, status: ServerStatus | None = None,
                  max_body_bytes: int = TransportLimits.max_request_bytes) -> None:
         self.dataplane = dataplane
         self.max_body_bytes = max_body_bytes  # decompressed bodies too
         self.metrics = metrics
-        self.scrapes = PacedRenderer(lambda: generate_latest(metrics))  # floods take <= 10%
+        self.scrapes = PacedRenderer(metrics.render)  # floods take <= 10%
         self.auth = auth  # None: no authentication
         self.status = StatusRoutes(status or ServerStatus(dataplane.registry))
         self.codec = CodecProcess()  # large JSON tensors, off the event loop
