@@ -92,13 +92,15 @@ def start_server(repository: Path | None, log_path: Path, *extra: str, agent: bo
 
 
 _IN_TEST_BODY: list[RunningServer] | None = None  # servers a running test started itself
+_SETTING_UP: list[pytest.FixtureDef[object]] = []  # fixtures being set up, innermost last
+_OF_FIXTURE: dict[int, list[RunningServer]] = {}  # servers by the fixture (id) that started them
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """Servers a test starts in its own body are stopped when it ends (those fixtures start
-    stop at the session's end): left running, each kept its timers and repository poll going
-    (one polling 3,000 folders every 0.1 s took 44% of a core for the rest of the run)."""
+    """Servers a test starts in its own body are stopped when it ends: left running, each kept
+    its timers and repository poll going (one polling 3,000 folders every 0.1 s took 44% of a
+    core for the rest of the run) and its memory (~0.5 GB with the example models)."""
     global _IN_TEST_BODY
     _IN_TEST_BODY = []
     try:
@@ -106,6 +108,22 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     finally:
         started, _IN_TEST_BODY = _IN_TEST_BODY, None
         stop_all(started)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> Iterator[None]:
+    """Servers a fixture starts belong to it (see pytest_fixture_post_finalizer)."""
+    _SETTING_UP.append(fixturedef)
+    try:
+        yield
+    finally:
+        _SETTING_UP.pop()
+
+
+def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[object]) -> None:
+    """A fixture's servers stop when its scope ends (a module fixture's at the module's end),
+    not at the session's."""
+    stop_all(_OF_FIXTURE.pop(id(fixturedef), []))
 
 
 def stop_all(servers: list[RunningServer], grace_s: float = 10.0) -> None:
@@ -124,15 +142,17 @@ def stop_all(servers: list[RunningServer], grace_s: float = 10.0) -> None:
 
 @pytest.fixture(scope="session")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """Start servers on demand; one a test starts in its body stops when the test ends, the
-    others at the end of the session."""
+    """Start servers on demand; each lives as long as what started it: the fixture (its
+    scope), or the test whose body started it."""
     started: list[RunningServer] = []
 
     def factory(repository: Path | None, *extra: str, agent: bool = False) -> RunningServer:
         log_path = tmp_path_factory.mktemp("serval-log") / "server.log"
         server = start_server(repository, log_path, *extra, agent=agent)
         started.append(server)
-        if _IN_TEST_BODY is not None:
+        if _SETTING_UP:
+            _OF_FIXTURE.setdefault(id(_SETTING_UP[-1]), []).append(server)
+        elif _IN_TEST_BODY is not None:
             _IN_TEST_BODY.append(server)
         return server
 

@@ -270,7 +270,10 @@ def run_fuzz(host: str, port: int, cases: int, models: list[str], input_names: l
         tally.statuses[status] += 1
         if status >= 500:
             tally.server_errors.append((request, status, body[:300]))
-        if status in (400, 413):  # the server may close after a malformed message
+        # the server may close after a malformed message; and it holds a connection that
+        # sends again within a 429's Retry-After for a second before refusing it again
+        # (every later case on it would then take a second)
+        if status in (400, 413, 429):
             connection.close()
             connection = http.client.HTTPConnection(host, port, timeout=30)
 
