@@ -29,6 +29,7 @@ class ServalError(Exception):
     """Base of every error Serval reports to a client."""
 
     code: ErrorCode = ErrorCode.BACKEND_ERROR
+    retry_after_s: float | None = None  # when to ask again (HTTP Retry-After, gRPC pushback)
 
     def __init__(self, message: str) -> None:
         if len(message) > MAX_MESSAGE_CHARS:
@@ -77,6 +78,15 @@ class ModelNotReady(ServalError):
     code = ErrorCode.MODEL_NOT_READY
 
 
+class WorkerHeld(ModelNotReady):
+    """A model's worker process crashed again and again; its restart waits (HTTP 503 with
+    Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class LoadFailed(InvalidInput):
     """A model cannot load from what the repository holds (a broken file or config, no
     version to load): HTTP 400, gRPC INVALID_ARGUMENT, as Triton's load. Retrying does not
@@ -87,6 +97,7 @@ class Overloaded(ServalError):
     """The server refuses work it could not finish in time (HTTP 429)."""
 
     code = ErrorCode.OVERLOADED
+    retry_after_s: float
 
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import orjson
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from tests import fixture_models
 from tests.conftest import RunningServer
@@ -67,9 +73,10 @@ def isolated(server_factory: Callable[..., RunningServer],
     root = tmp_path_factory.mktemp("isolated")
     fixture_models.linear(root)
     fixture_models.linear(root, "linear_iso", "max_batch_size: 32\nisolation: process\n")
-    (root / "crashy" / "1").mkdir(parents=True)
-    (root / "crashy" / "1" / "model.py").write_text(CRASHY)
-    (root / "crashy" / "config.yaml").write_text(CRASHY_CONFIG)
+    for name in ("crashy", "crash_loop"):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(CRASHY)
+        (root / name / "config.yaml").write_text(CRASHY_CONFIG)
     return server_factory(root, "--allow-python-models")
 
 
@@ -114,6 +121,49 @@ def test_a_crash_fails_only_its_requests_and_the_worker_comes_back(
     assert others and set(others) == {200}
     assert isolated.process.poll() is None
     assert "isolated model worker died; restarting it" in isolated.log()
+
+
+def test_a_worker_crashed_again_and_again_restarts_later_and_later(
+        isolated: RunningServer) -> None:
+    """A client crashing the worker on purpose cannot make the server start processes back
+    to back: past three crashes in a row the restart waits (1 s, then 2 s...) and requests
+    meanwhile get a 503 saying when it comes back."""
+    first_pid = _worker_pid(infer(isolated.url, "crash_loop", _x(1.0)))
+    errors = [infer(isolated.url, "crash_loop", _x(-1)) for _ in range(4)]
+    assert [reply.status for reply in errors] == [500] * 4
+    assert all("being restarted" in reply.error for reply in errors[:3])
+    assert "has crashed 4 times in a row and restarts in 1.0 s" in errors[3].error
+    # within the second it waits, on one keep-alive connection: a 503 that says when to come
+    # back, and a request sent again before then is refused (429) unread when that elapses
+    connection = http.client.HTTPConnection("127.0.0.1", isolated.port, timeout=30)
+    held = orjson.dumps(_x(1.0))
+    connection.request("POST", "/v2/models/crash_loop/infer", body=held)
+    first = connection.getresponse()
+    first_error = orjson.loads(first.read())["error"]
+    assert first.status == 503, first_error
+    assert "has crashed 4 times in a row; it restarts in" in first_error
+    assert first.getheader("retry-after") == "1"
+    connection.request("POST", "/v2/models/crash_loop/infer", body=held)
+    again = connection.getresponse()
+    assert again.status == 429
+    assert "before its Retry-After elapsed" in orjson.loads(again.read())["error"]
+    connection.close()
+    deadline = time.monotonic() + 30
+    while (back := infer(isolated.url, "crash_loop", _x(1.0))).status == 503:
+        assert time.monotonic() < deadline, back.error
+        time.sleep(0.05)
+    assert back.status == 200 and _worker_pid(back) != first_pid
+    assert infer(isolated.url, "linear", _linear_x()).status == 200
+    # the fifth crash in a row holds the restart 2 s; over gRPC: UNAVAILABLE, with pushback
+    assert "restarts in 2.0 s" in infer(isolated.url, "crash_loop", _x(-1)).error
+    client = grpcclient.InferenceServerClient(isolated.grpc_url)
+    x = grpcclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("crash_loop", [x])
+    assert caught.value.status() == "StatusCode.UNAVAILABLE"
+    assert "has crashed 5 times in a row; it restarts in" in caught.value.message()
+    client.close()
 
 
 def test_a_python_error_does_not_restart_the_worker(isolated: RunningServer) -> None:

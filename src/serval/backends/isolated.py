@@ -1,4 +1,5 @@
-"""`isolation: process`: a model's engine runs in a child process, restarted if it dies.
+"""`isolation: process`: a model's engine runs in a child process, restarted if it dies (later
+and later if it keeps dying: crash_loop.py).
 
 The parent keeps the LoadedModel protocol; each infer() ships the batch over a pipe as raw
 tensor bytes (a small header, then each array's buffer, received straight into numpy memory),
@@ -27,6 +28,7 @@ from serval.backends.base import (
     ModelVersionSpec,
     RequestModel,
 )
+from serval.backends.crash_loop import CrashLoop
 from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import (
     REQUESTS,
@@ -57,6 +59,7 @@ from serval.errors import (
     EngineRejectedInput,
     ModelNotReady,
     ServalError,
+    WorkerHeld,
 )
 from serval.protocol.types import InferRequest, TensorDict
 
@@ -101,6 +104,7 @@ class IsolatedModel:
         self._calls: bls.ParentCalls | None = None  # the live child's BLS calls, answered
         self._closed = False
         self.restarts = 0
+        self.crash_loop = CrashLoop()  # a worker that keeps crashing restarts later and later
         self._metadata, self._memory_bytes, self.takes_requests = self._spawn()
 
     @property
@@ -139,8 +143,8 @@ class IsolatedModel:
         with self._lock:
             if self._closed:
                 raise ModelNotReady(f"{self.label} is unloaded")
-            if self._conn is None:  # the background restart failed; try once more
-                self._restart_locked()
+            if self._conn is None:  # held back, or the background restart failed
+                self._restart_if_due()
             assert self._conn is not None and self._calls is not None
             calls = self._calls
             calls.running(requests)
@@ -188,7 +192,7 @@ class IsolatedModel:
             if self._closed:
                 raise ModelNotReady(f"{self.label} is unloaded")
             if self._conn is None:
-                self._restart_locked()
+                self._restart_if_due()
             assert self._conn is not None
             return self._conn
 
@@ -227,6 +231,7 @@ class IsolatedModel:
         self._process, self._conn = process, parent_conn
         self._calls = bls.ParentCalls(parent_conn, self.caller, self.label, self.abandon,
                                       self._send_lock, own=self._spec.name)
+        self.crash_loop.started()
         log.info("isolated model worker started", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid})
         return reply[1], int(reply[2]), bool(reply[3])
@@ -241,17 +246,32 @@ class IsolatedModel:
         if self._conn is not None:
             self._conn.close()
         self._process, self._conn = None, None
+        delay_s = self.crash_loop.crashed()
         log.error("isolated model worker died; restarting it", extra={
             "model": self._spec.name, "version": self._spec.version, "pid": process.pid,
-            "reason": reason})
-        threading.Thread(target=self._restart_in_background, daemon=True,
+            "reason": reason, "crashes_in_a_row": self.crash_loop.crashes,
+            "restart_in_s": delay_s})
+        threading.Thread(target=self._restart_in_background, args=(delay_s,), daemon=True,
                          name=f"serval-restart-{self._spec.name}").start()
         error = BackendError(f"{self.label}: worker process died ({reason}) during a batch")
+        then = (f"it {self.crash_loop.in_a_row()} and restarts in {delay_s:.1f} s" if delay_s
+                else "it is being restarted")
         error.public_message = (f"{self.label}: its worker process died ({reason}) while "
-                                "running this request; it is being restarted")
+                                f"running this request; {then}")
         return error
 
-    def _restart_in_background(self) -> None:
+    def _restart_if_due(self) -> None:
+        """Under the lock, with no live child: start one now, unless its crash loop holds the
+        restart back (this request then gets a 503 saying when)."""
+        wait_s = self.crash_loop.wait_s()
+        if wait_s > 0:
+            raise WorkerHeld(f"{self.label}: its worker process {self.crash_loop.in_a_row()}; "
+                             f"it restarts in {wait_s:.1f} s", wait_s)
+        self._restart_locked()
+
+    def _restart_in_background(self, delay_s: float) -> None:
+        if self.abandon.wait(delay_s):  # unloaded meanwhile
+            return
         with self._lock:
             if self._conn is None and not self._closed:
                 with contextlib.suppress(ModelNotReady):  # logged; the next request retries

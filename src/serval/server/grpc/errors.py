@@ -6,7 +6,7 @@ which grpc-core's retry policy honours (HTTP's Retry-After).
 
 from __future__ import annotations
 
-from serval.errors import BackendError, ErrorCode, Overloaded, ServalError, UnsupportedCall
+from serval.errors import BackendError, ErrorCode, ServalError, UnsupportedCall
 from serval.observability.logging import report_internal_error
 from serval.protocol.grpc.status import GrpcStatus
 
@@ -36,7 +36,7 @@ def grpc_error(exc: ServalError, rpc: str) -> tuple[GrpcStatus, str, Trailers]:
     if isinstance(exc, UnsupportedCall):
         return GrpcStatus.UNIMPLEMENTED, exc.message, ()
     trailers: Trailers = ()
-    if isinstance(exc, Overloaded):
+    if exc.retry_after_s is not None:  # Overloaded; a worker held after crashes
         trailers = ((RETRY_PUSHBACK, str(max(1, round(exc.retry_after_s * 1000)))),)
     return GRPC_STATUS[exc.code], exc.message, trailers
 

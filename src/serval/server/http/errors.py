@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from serval.errors import BackendError, ErrorCode, InvalidInput, Overloaded, ServalError
+from serval.errors import BackendError, ErrorCode, InvalidInput, ServalError
 from serval.observability.logging import report_internal_error
 
 Headers = list[tuple[bytes, bytes]]
@@ -50,7 +50,7 @@ def serval_error_response(exc: ServalError, route: str) -> tuple[int, bytes, Hea
         message = report_internal_error(exc, route, summary, exc.message)
     if exc.code is ErrorCode.UNAUTHENTICATED:
         headers.append((b"www-authenticate", b"Bearer"))
-    if isinstance(exc, Overloaded):
+    if exc.retry_after_s is not None:  # Overloaded; a worker held after crashes
         headers.append((b"retry-after", str(max(1, round(exc.retry_after_s))).encode()))
     return status, error_body(message), headers
 

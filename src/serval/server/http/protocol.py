@@ -47,8 +47,9 @@ from serval.server.limits import TransportGuards
 log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0
-_TOO_EARLY_BODY = error_body("this connection was refused with 429 and sent again before its "
-                             "Retry-After elapsed; refused again (wait Retry-After seconds)")
+_TOO_EARLY_BODY = error_body("this connection was told to wait (a 429, or a 503 with "
+                             "Retry-After) and sent again before its Retry-After elapsed; "
+                             "refused again (wait Retry-After seconds)")
 _STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
 
 
@@ -276,7 +277,7 @@ class HttpProtocol(RequestReader):
                     if not await self._stream(reply, keep_alive, not item.http10, item.head):
                         return  # the client went away mid-answer
                 else:
-                    if reply[0] == 429:
+                    if reply[0] in (429, 503):
                         self._note_refusal(reply[2])
                     self.transport.write(encode_reply(reply, keep_alive, item.head,
                                                       self.server_lines, item.http10))
@@ -335,7 +336,8 @@ class HttpProtocol(RequestReader):
 
     def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:
         """A request sent here before the Retry-After just given is refused when it elapses,
-        unread by the app: a client that hammers after a 429 gets one answer per Retry-After."""
+        unread by the app: a client that hammers after a 429 (or a 503 that says when to come
+        back) gets one answer per Retry-After."""
         for name, value in headers:
             if name == b"retry-after":
                 self.retry_after = value
