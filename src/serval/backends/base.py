@@ -13,6 +13,10 @@ from serval.errors import ConfigError, ServalError
 from serval.model_config import ModelConfig
 from serval.protocol.types import InferRequest, InferResponse, TensorDict, TensorSpec
 
+# A dimension the model file names (ONNX's dim_param, e.g. "sequence") and the (input, axis)
+# pairs that carry it: a request must give them one size.
+SameDim = tuple[str, tuple[tuple[str, int], ...]]
+
 
 @dataclass(frozen=True, slots=True)
 class ModelMetadata:
@@ -24,6 +28,7 @@ class ModelMetadata:
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
     decoupled: bool = False
+    same_dims: tuple[SameDim, ...] = ()  # named free dimensions shared by inputs
 
 
 @dataclass(frozen=True, slots=True)

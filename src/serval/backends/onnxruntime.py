@@ -19,6 +19,7 @@ from serval.backends.base import (
 )
 from serval.backends.engine import EngineBackend
 from serval.backends.probe import ENGINE_BOUND_MS, fastest_call_ms, zeros_batch1
+from serval.backends.validation import same_dims
 from serval.errors import ConfigError, EngineRejectedInput
 from serval.model_config import ModelConfig, OnnxRuntimeConfig
 from serval.protocol.dtypes import from_onnx_type
@@ -228,7 +229,9 @@ def read_metadata(session: Any, config: ModelConfig, source: str) -> ModelMetada
     inputs = tuple(_tensor_spec(arg) for arg in session.get_inputs())
     outputs = tuple(_tensor_spec(arg) for arg in session.get_outputs())
     max_batch_size = resolve_max_batch_size(config.max_batch_size, inputs + outputs, source)
-    return ModelMetadata("onnxruntime_onnx", inputs, outputs, max_batch_size)
+    named = same_dims((arg.name, arg.shape) for arg in session.get_inputs())
+    return ModelMetadata("onnxruntime_onnx", inputs, outputs, max_batch_size,
+                         same_dims=named)
 
 
 def _tensor_spec(arg: Any) -> TensorSpec:

@@ -15,10 +15,12 @@ from serval.backends.base import (
     LoadedModel,
     ModelMetadata,
     ModelVersionSpec,
+    SameDim,
     resolve_max_batch_size,
 )
 from serval.backends.engine import EngineBackend
 from serval.backends.onnxruntime import SESSION_OVERHEAD_BYTES, SMALL_MODEL_BYTES
+from serval.backends.validation import same_dims
 from serval.errors import ConfigError
 from serval.protocol.dtypes import from_openvino_type
 from serval.protocol.types import TensorDict, TensorSpec
@@ -59,7 +61,7 @@ class OpenVinoBackend(EngineBackend):
             # CPUs by default (answers off by ~1e-2 from ONNX Runtime on the same file)
             "INFERENCE_PRECISION_HINT": "f32"})
         # names from the model as read: compiling may rename an output (keeping an alias)
-        metadata = _metadata(model, spec.config.max_batch_size, str(path))
+        metadata = _metadata(model, spec.config.max_batch_size, str(path), _named_dims(path))
         size = (_file_bytes(path) + SESSION_OVERHEAD_BYTES) * spec.config.instances
         return OpenVinoModel(compiled, metadata, spec.config.instances, size)
 
@@ -96,11 +98,31 @@ class OpenVinoModel:
             self._free.get_nowait()
 
 
-def _metadata(model: Any, configured: int | None, source: str) -> ModelMetadata:
+def _metadata(model: Any, configured: int | None, source: str,
+              named: tuple[SameDim, ...] = ()) -> ModelMetadata:
     inputs = tuple(_spec(port) for port in model.inputs)
     outputs = tuple(_spec(port) for port in model.outputs)
     return ModelMetadata("openvino", inputs, outputs,
-                         resolve_max_batch_size(configured, inputs + outputs, source))
+                         resolve_max_batch_size(configured, inputs + outputs, source),
+                         same_dims=named)
+
+
+def _named_dims(path: Path) -> tuple[SameDim, ...]:
+    """The free dimensions an ONNX file names and inputs share (OpenVINO's shapes carry no
+    names; an IR file has none to read): OpenVINO broadcasts or fails on inputs that
+    disagree on one."""
+    if path.suffix != ".onnx":
+        return ()
+    try:
+        import onnx
+
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # OpenVINO read it: what onnx cannot, it serves unchecked
+        return ()
+    constants = {initializer.name for initializer in graph.initializer}
+    return same_dims((tensor.name, [dim.dim_param or dim.dim_value
+                                    for dim in tensor.type.tensor_type.shape.dim])
+                     for tensor in graph.input if tensor.name not in constants)
 
 
 def _spec(port: Any) -> TensorSpec:

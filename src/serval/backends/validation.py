@@ -4,9 +4,10 @@ refusal is an InvalidInput naming what was wrong and what the model expects."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from serval.backends.base import ModelMetadata
+from serval.backends.base import ModelMetadata, SameDim
 from serval.errors import InvalidInput
 from serval.protocol.dtypes import v2_datatype
 from serval.protocol.types import InferRequest, TensorSpec
@@ -34,7 +35,32 @@ def validate_request(request: InferRequest, metadata: ModelMetadata, model: str)
             batch_sizes.add(array.shape[0])
     if len(batch_sizes) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(batch_sizes)}")
+    for symbol, places in metadata.same_dims:
+        _check_same_dim(request, symbol, places)
     _check_requested_outputs(request, metadata, model)
+
+
+def same_dims(inputs: Iterable[tuple[str, Sequence[object]]]) -> tuple[SameDim, ...]:
+    """The named free dimensions (a model file's dim_param, given as a str among the dims)
+    that more than one (input, axis) carries."""
+    places: dict[str, list[tuple[str, int]]] = {}
+    for name, dims in inputs:
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, str) and dim:
+                places.setdefault(dim, []).append((name, axis))
+    return tuple((symbol, tuple(where)) for symbol, where in places.items() if len(where) > 1)
+
+
+def _check_same_dim(request: InferRequest, symbol: str,
+                    places: tuple[tuple[str, int], ...]) -> None:
+    """The inputs' sizes along one named dimension agree (an engine would fail mid-graph,
+    or broadcast one against the other)."""
+    given = [(name, axis, request.inputs[name].shape[axis]) for name, axis in places
+             if name in request.inputs]
+    if len({size for _, _, size in given}) > 1:
+        sizes = ", ".join(f"'{name}' axis {axis}: {size}" for name, axis, size in given)
+        raise InvalidInput(f"inputs disagree on dimension '{symbol}', which the model gives "
+                           f"them all: {sizes}")
 
 
 def _check_tensor(array: Any, spec: TensorSpec, max_batch_size: int) -> None:

@@ -30,7 +30,11 @@ def as_declared(model: LoadedModel, config: ModelConfig, source: str) -> LoadedM
     batch = (-1,) if native.max_batch_size > 0 else ()
     inputs, reshaped_inputs = overlay(native.inputs, config.inputs, batch, "input", source)
     outputs, reshaped_outputs = overlay(native.outputs, config.outputs, batch, "output", source)
-    metadata = ModelMetadata(native.platform, inputs, outputs, native.max_batch_size)
+    # named dimensions hold on the engine's axes: a reshaped input's served ones differ
+    kept = tuple((symbol, places) for symbol, places in native.same_dims
+                 if not any(name in reshaped_inputs for name, _ in places))
+    metadata = ModelMetadata(native.platform, inputs, outputs, native.max_batch_size,
+                             same_dims=kept)
     to_engine = {name: engine for name, (_, engine) in reshaped_inputs.items()}
     from_engine = {name: served for name, (served, _) in reshaped_outputs.items()}
     return DeclaredModel(model, metadata, to_engine, from_engine)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from serval.backends.base import ModelMetadata
-from serval.backends.validation import validate_request
+from serval.backends.validation import same_dims, validate_request
 from serval.errors import InvalidInput
 from serval.protocol.types import InferRequest, RequestedOutput, TensorSpec
 
@@ -60,3 +60,23 @@ def test_an_optional_input_may_be_left_out_but_is_checked_when_given() -> None:
                                   bias=np.ones((3, 4), np.float32)), metadata, "m")
     with pytest.raises(InvalidInput, match="needs input 'x'"):
         validate_request(_request(bias=np.ones((2, 4), np.float32)), metadata, "m")
+
+
+def test_inputs_that_share_a_named_dimension_must_agree_on_it() -> None:
+    """ONNX names a free dimension (dim_param) once for every tensor that has it: an engine
+    given two sizes fails mid-graph (a 500) or broadcasts one against the other."""
+    named = same_dims([("ids", ["batch", "sequence"]), ("mask", ["batch", "sequence"]),
+                       ("extra", [None, 7, "other"])])
+    assert named == (("batch", (("ids", 0), ("mask", 0))),
+                     ("sequence", (("ids", 1), ("mask", 1))))
+    spec = (-1, -1)
+    metadata = ModelMetadata("test", (TensorSpec("ids", "INT64", spec),
+                                      TensorSpec("mask", "INT64", spec)), (), 0,
+                             same_dims=named)
+    validate_request(_request(ids=np.zeros((2, 5), np.int64), mask=np.ones((2, 5), np.int64)),
+                     metadata, "m")
+    with pytest.raises(InvalidInput) as refused:
+        validate_request(_request(ids=np.zeros((2, 5), np.int64),
+                                  mask=np.ones((2, 3), np.int64)), metadata, "m")
+    assert str(refused.value) == ("inputs disagree on dimension 'sequence', which the model "
+                                  "gives them all: 'ids' axis 1: 5, 'mask' axis 1: 3")
