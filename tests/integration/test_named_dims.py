@@ -7,7 +7,6 @@ over HTTP and gRPC."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
