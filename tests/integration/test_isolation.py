@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import os
 import signal
 import threading
 import time
@@ -73,6 +74,8 @@ def isolated(server_factory: Callable[..., RunningServer],
     root = tmp_path_factory.mktemp("isolated")
     fixture_models.linear(root)
     fixture_models.linear(root, "linear_iso", "max_batch_size: 32\nisolation: process\n")
+    fixture_models.linear(root, "linear_pool",
+                          "max_batch_size: 32\nisolation: process\ninstances: 2\n")
     for name in ("crashy", "crash_loop"):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(CRASHY)
@@ -164,6 +167,32 @@ def test_a_worker_crashed_again_and_again_restarts_later_and_later(
     assert caught.value.status() == "StatusCode.UNAVAILABLE"
     assert "has crashed 5 times in a row; it restarts in" in caught.value.message()
     client.close()
+
+
+def _started_workers(server: RunningServer, model: str) -> list[int]:
+    """The pids the server's log names as started worker processes of `model`."""
+    lines = [orjson.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    return [line["pid"] for line in lines
+            if line.get("msg") == "isolated model worker started" and line.get("model") == model]
+
+
+def test_an_engine_with_two_instances_runs_in_two_worker_processes(
+        isolated: RunningServer) -> None:
+    """instances: 2 of an isolated ONNX model: two children of the server (each with one
+    session on half the cores), batches taking turns; one killed fails only the batch it
+    had, and the other serves on."""
+    pids = _started_workers(isolated, "linear_pool")
+    assert len(set(pids)) == 2, pids
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert f"PPid:\t{isolated.process.pid}\n" in status
+    expected = infer(isolated.url, "linear", _linear_x()).json()["outputs"][0]["data"]
+    os.kill(pids[0], signal.SIGKILL)
+    replies = [infer(isolated.url, "linear_pool", _linear_x()) for _ in range(4)]
+    assert [reply.status for reply in replies].count(500) == 1  # only the one it had
+    assert all(reply.json()["outputs"][0]["data"] == expected
+               for reply in replies if reply.status == 200)
+    assert len(set(_started_workers(isolated, "linear_pool"))) == 3  # the killed one, anew
 
 
 def test_a_python_error_does_not_restart_the_worker(isolated: RunningServer) -> None:

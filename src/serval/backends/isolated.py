@@ -1,5 +1,6 @@
-"""`isolation: process`: a model's engine runs in a child process, restarted if it dies (later
-and later if it keeps dying: crash_loop.py).
+"""`isolation: process`: a model's engine runs in a child process (isolated_child.py), restarted
+if it dies (later and later if it keeps dying: crash_loop.py); one per instance
+(isolated_pool.py).
 
 The parent keeps the LoadedModel protocol; each infer() ships the batch over a pipe as raw
 tensor bytes (a small header, then each array's buffer, received straight into numpy memory),
@@ -12,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -26,29 +26,15 @@ from serval.backends.base import (
     ModelCaller,
     ModelMetadata,
     ModelVersionSpec,
-    RequestModel,
 )
 from serval.backends.crash_loop import CrashLoop
-from serval.backends.model_code import MODEL_EXITS, model_exception
-from serval.backends.pipe_requests import (
-    REQUESTS,
-    recv_requests,
-    recv_results,
-    send_requests,
-    send_results,
-)
-from serval.backends.pipe_tensors import (
-    encode_tensors,
-    read_arrays,
-    recv_tensors,
-    send_tensors,
-    write_tensors,
-)
+from serval.backends.isolated_child import STOP, child_main
+from serval.backends.isolated_pool import one_instance, pooled, start_instances
+from serval.backends.pipe_requests import recv_results, send_requests
+from serval.backends.pipe_tensors import recv_tensors, send_tensors
 from serval.backends.worker_guard import (
     await_reply,
-    end_group,
     exit_reason,
-    guard_worker,
     kill_group,
     stop_in_background,
     stop_worker,
@@ -67,7 +53,6 @@ log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 5.0
-_STOP = "stop"
 T = TypeVar("T")
 
 
@@ -80,7 +65,15 @@ class IsolatedBackend:
         self.caller = caller  # runs its models' BLS calls on other models
 
     def load(self, spec: ModelVersionSpec) -> LoadedModel:
-        model = IsolatedModel(self.inner, spec, caller=self.caller)
+        """A worker process per instance, each on its share of the cores."""
+        count = spec.config.instances
+        if count == 1:
+            return self._start(self.inner, spec)
+        inner, one = one_instance(self.inner, spec)
+        return pooled(start_instances(count, lambda: self._start(inner, one)))
+
+    def _start(self, inner: Engine, spec: ModelVersionSpec) -> LoadedModel:
+        model = IsolatedModel(inner, spec, caller=self.caller)
         return IsolatedRequestModel(model) if model.takes_requests else model
 
 
@@ -292,7 +285,7 @@ class IsolatedModel:
         self._process, self._conn = None, None
         if conn is not None:
             with contextlib.suppress(OSError):  # no lock: a reply stuck on a full pipe
-                conn.send((_STOP, None))
+                conn.send((STOP, None))
         stop_in_background(process, conn, STOP_TIMEOUT_S, self._spec.name)
 
 
@@ -319,90 +312,3 @@ class IsolatedRequestModel:
 
     def unload(self) -> None:
         self.isolated.unload()
-
-
-def child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
-    """The worker process: load, then answer batches until told to stop or the pipe closes."""
-    model = load_in_child(conn, backend, spec)
-    if model is None:
-        return
-    try:
-        serve_child(conn, model)
-    finally:
-        model.unload()
-        end_group()
-
-
-def load_in_child(conn: Connection, backend: Engine, spec: ModelVersionSpec
-                  ) -> LoadedModel | None:
-    """In the worker process: load the model and tell the parent (None: it failed, said)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when this one stops
-    guard_worker()  # its own process group; gone when the parent is
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        model = backend.load(spec)
-    except Exception as exc:
-        conn.send(("error", str(exc) or repr(exc)))
-        return None
-    conn.send(("ready", model.metadata, model.memory_bytes(), isinstance(model, RequestModel)))
-    return model
-
-
-def serve_child(conn: Connection, model: LoadedModel) -> None:
-    # execute()'s calls read their replies themselves, and whoever reads a batch reads it whole
-    channel = bls.ChildChannel(conn, payload=lambda message: _read_batch(conn, message))
-    bls.install(channel)
-    while True:
-        try:
-            kind, batch = channel.receive()  # a late call's reply goes to it
-        except (EOFError, OSError):
-            return  # the parent is gone
-        if kind == _STOP:
-            return
-        answer = _answer_requests if kind == REQUESTS else _answer_batch
-        reply = answer(model, batch)
-        with channel.send_lock:  # whole: a BLS call from a model thread never cuts into it
-            reply(conn)
-
-
-def _read_batch(conn: Connection, message: tuple[str, Any]) -> tuple[str, Any]:
-    """A message from the parent with what follows it: a stop, requests or a batch's arrays."""
-    kind, head = message
-    if kind == _STOP:
-        return kind, None
-    if kind == REQUESTS:
-        return kind, recv_requests(conn, head)
-    return kind, read_arrays(conn, head)
-
-
-Reply = Callable[[Connection], None]
-
-
-def _answer_batch(model: LoadedModel, inputs: TensorDict) -> Reply:
-    """Encoded first: a model's fault (sys.exit(), unsendable outputs) is an error reply."""
-    try:
-        outputs = encode_tensors(model.infer(inputs))
-    except EngineRejectedInput as exc:
-        rejected = ("rejected", (exc.message, exc.detail))
-        return lambda conn: conn.send(rejected)
-    except (Exception, *MODEL_EXITS) as exc:
-        return _error(model_exception(exc))
-
-    def send(conn: Connection) -> None:
-        conn.send(("ok", None))
-        write_tensors(conn, outputs)
-    return send
-
-
-def _answer_requests(model: LoadedModel, requests: list[InferRequest]) -> Reply:
-    if not isinstance(model, RequestModel):
-        return _error("the engine does not take requests")
-    try:
-        results = model.infer_requests(requests)
-    except (Exception, *MODEL_EXITS) as exc:
-        return _error(model_exception(exc))
-    return lambda conn: send_results(conn, results)
-
-
-def _error(detail: str) -> Reply:
-    return lambda conn: conn.send(("error", detail))

@@ -1,5 +1,6 @@
 """`instance_group { count: N }` of a model in worker processes: N children, as Triton starts a
-Python-backend stub process per instance.
+Python-backend stub process per instance (and an engine with `isolation: process`, each child
+with one instance and its share of the cores).
 
 Each child runs one batch at a time; the batcher's N consumers call at once and each batch
 takes a free child, so a model that holds the GIL (pure-Python execute()) runs N batches in
@@ -9,17 +10,31 @@ as one child's) and a child that dies is restarted on its own, the others servin
 
 from __future__ import annotations
 
+import copy
 import queue
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Generic, TypeVar
 
-from serval.backends.base import LoadedModel, ModelMetadata, RequestModel
+from serval.backends.base import Engine, LoadedModel, ModelMetadata, ModelVersionSpec, RequestModel
 from serval.errors import ServalError
 from serval.protocol.types import InferRequest, TensorDict
 
 M = TypeVar("M", bound=LoadedModel)
 R = TypeVar("R")
+
+
+def one_instance(engine: Engine, spec: ModelVersionSpec) -> tuple[Engine, ModelVersionSpec]:
+    """The engine and spec for one of the spec's instances in a process of its own: one
+    instance, on the cores' share that instance would have had in one process (each engine
+    sizes its threads from `cores`)."""
+    count = spec.config.instances
+    share = copy.copy(engine)  # the engine's settings, not its state: it has loaded nothing
+    cores = getattr(share, "cores", None)
+    if isinstance(cores, int):
+        share.cores = max(1, cores // count)  # type: ignore[attr-defined]
+    return share, replace(spec, config=spec.config.model_copy(update={"instances": 1}))
 
 
 def start_instances(count: int, start: Callable[[], M]) -> list[M]:

@@ -31,13 +31,8 @@ from serval.backends.base import (
     ResponseSink,
     StreamRequest,
 )
-from serval.backends.isolated import (
-    IsolatedBackend,
-    IsolatedModel,
-    IsolatedRequestModel,
-    load_in_child,
-    serve_child,
-)
+from serval.backends.isolated import IsolatedBackend, IsolatedModel, IsolatedRequestModel
+from serval.backends.isolated_child import load_in_child, serve_child
 from serval.backends.isolated_pool import pooled, start_instances
 from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
@@ -252,7 +247,7 @@ def _sink_of(request: InferRequest) -> ResponseSink:
 # the child ----------------------------------------------------------------------------------
 
 def stream_child_main(conn: Connection, backend: Engine, spec: ModelVersionSpec) -> None:
-    """The worker process (isolated.child_main's), serving a decoupled model's streams."""
+    """The worker process (isolated_child.child_main's), serving a decoupled model's streams."""
     model = load_in_child(conn, backend, spec)
     if model is None:
         return
@@ -311,7 +306,7 @@ class ChildStreams:
                     sink = self.sinks.get(stream_id)
                     if sink is not None:
                         sink.credit(count) if action == "ack" else sink.cancel()
-            else:  # _STOP
+            else:  # STOP
                 return
 
     def _stream_request(self, request: InferRequest, stream_id: int, window: int

@@ -8,14 +8,8 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from serval.backends.isolated import (
-    recv_requests,
-    recv_results,
-    recv_tensors,
-    send_requests,
-    send_results,
-    send_tensors,
-)
+from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
+from serval.backends.pipe_tensors import recv_tensors, send_tensors
 from serval.errors import BackendError, EngineRejectedInput
 from serval.protocol.types import InferRequest, RequestedOutput
 
