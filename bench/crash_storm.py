@@ -16,13 +16,13 @@ another checkout (the 'before' tree) for a before/after in one run.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import os
 import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.many_models import IN, _generate
-from bench.servers import HOST, free_ports, running, serval_command, tree_env
+from bench.servers import HOST, free_ports, run_window, running, serval_command, tree_env
 
 CRASHY = """\
 import os
@@ -105,23 +105,16 @@ def _loop(port: int, path: str, body: bytes, stop: threading.Event, statuses: li
 
 def _phase(port: int, clients: int, attackers: int, seconds: float) -> tuple[float, int]:
     """(good clients' req/s, attack requests answered) over one window."""
-    stop = threading.Event()
     good: list[list[int]] = [[] for _ in range(clients)]
     bad: list[list[int]] = [[] for _ in range(attackers)]
     good_body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, IN],
                                           "data": np.ones(IN, np.float32).tolist()}]})
     bad_body = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4],
                                          "data": [-1.0] * 4}]})
-    threads = [threading.Thread(target=_loop, args=(port, "/v2/models/tenant00000/infer",
-                                                    good_body, stop, s)) for s in good]
-    threads += [threading.Thread(target=_loop, args=(port, "/v2/models/crashy/infer",
-                                                     bad_body, stop, s)) for s in bad]
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)  # the measured window itself
-    stop.set()
-    for thread in threads:
-        thread.join()
+    run_window([functools.partial(_loop, port, "/v2/models/tenant00000/infer", good_body,
+                                  statuses=s) for s in good]
+               + [functools.partial(_loop, port, "/v2/models/crashy/infer", bad_body,
+                                    statuses=s) for s in bad], seconds)
     if any(status != 200 for statuses in good for status in statuses):
         raise RuntimeError("a good client's request failed")
     return sum(map(len, good)) / seconds, sum(map(len, bad))

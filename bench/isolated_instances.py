@@ -15,16 +15,17 @@ threads.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.isolation import _inputs
+from bench.servers import run_window
 from serval.backends.base import LoadedModel
 from serval.backends.cores import usable_cores
 from serval.backends.isolated import IsolatedBackend
@@ -35,20 +36,13 @@ from serval.repository.layout import scan_model
 def _items_per_s(model: LoadedModel, threads: int, rows: int, seconds: float) -> float:
     batch = _inputs(model, rows)
     done = [0] * threads
-    stop = threading.Event()
 
-    def run(slot: int) -> None:
+    def run(slot: int, stop: threading.Event) -> None:
         while not stop.is_set():
             model.infer(batch)
             done[slot] += rows
 
-    workers = [threading.Thread(target=run, args=(slot,)) for slot in range(threads)]
-    for worker in workers:
-        worker.start()
-    time.sleep(seconds)  # the measured window itself
-    stop.set()
-    for worker in workers:
-        worker.join()
+    run_window([functools.partial(run, slot) for slot in range(threads)], seconds)
     return sum(done) / seconds
 
 

@@ -14,6 +14,7 @@ serves another checkout (the 'before' tree) for a before/after in one run.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import statistics
 import sys
@@ -28,7 +29,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.many_models import IN, _generate
-from bench.servers import HOST, free_ports, running, serval_command, tree_env
+from bench.servers import HOST, free_ports, run_window, running, serval_command, tree_env
 
 
 def _body() -> bytes:
@@ -54,22 +55,15 @@ def _loop(port: int, method: str, path: str, body: bytes | None, stop: threading
 def _phase(port: int, clients: int, flooders: int, seconds: float, flood: str = "GET /metrics"
            ) -> tuple[float, float, int, float]:
     """(good req/s, good p99 s, scrapes answered, mean scrape s) over one window."""
-    stop = threading.Event()
     good: list[list[float]] = [[] for _ in range(clients)]
     scrapes: list[list[float]] = [[] for _ in range(flooders)]
     body = _body()
-    threads = [threading.Thread(target=_loop, args=(port, "POST", "/v2/models/tenant00000/infer",
-                                                    body, stop, times)) for times in good]
     method, path = flood.split(" ", 1)
     payload = b"{}" if method == "POST" else None
-    threads += [threading.Thread(target=_loop, args=(port, method, path, payload, stop, times))
-                for times in scrapes]
-    for thread in threads:
-        thread.start()
-    time.sleep(seconds)  # the measured window itself
-    stop.set()
-    for thread in threads:
-        thread.join()
+    run_window([functools.partial(_loop, port, "POST", "/v2/models/tenant00000/infer", body,
+                                  times=times) for times in good]
+               + [functools.partial(_loop, port, method, path, payload, times=times)
+                  for times in scrapes], seconds)
     latencies = sorted(t for times in good for t in times)
     scraped = [t for times in scrapes for t in times]
     return (len(latencies) / seconds, latencies[int(0.99 * (len(latencies) - 1))],

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -17,6 +20,7 @@ __all__ = [
     "free_port",
     "free_ports",
     "get_json",
+    "run_window",
     "running",
     "serval_command",
     "tree_env",
@@ -96,3 +100,16 @@ def engine_use(before: dict[str, int], after: dict[str, int]) -> dict[str, float
     return {"mean_batch": (after["items"] - before["items"]) / runs,
             **{f"{name.removeprefix('compute_')}_ms": (after[name] - before[name]) / runs / 1e6
                for name in _ENGINE_TIMES}}
+
+
+def run_window(loops: list[Callable[[threading.Event], None]], seconds: float) -> None:
+    """Each loop on a thread of its own for `seconds` (the measured window), then told to stop
+    (the event it is given) and joined."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=loop, args=(stop,)) for loop in loops]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)  # the measured window itself
+    stop.set()
+    for thread in threads:
+        thread.join()
