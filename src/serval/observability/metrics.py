@@ -1,4 +1,5 @@
-"""Prometheus metrics, defined once here and read from ModelStats at scrape time."""
+"""Prometheus metrics, read at scrape time: the per-model series from ModelStats (top_k of them,
+the rest summed; their text is written by exposition.py) and the server-wide collectors."""
 
 from __future__ import annotations
 
