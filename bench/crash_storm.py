@@ -31,7 +31,15 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.many_models import IN, _generate
-from bench.servers import HOST, free_ports, run_window, running, serval_command, tree_env
+from bench.servers import (
+    HOST,
+    add_tree_option,
+    free_ports,
+    run_window,
+    running,
+    serval_command,
+    tree_env,
+)
 
 CRASHY = """\
 import os
@@ -126,8 +134,7 @@ def main() -> None:
     parser.add_argument("--attackers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="serve from another checkout's src/ (e.g. the 'before' tree)")
+    add_tree_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch) / "repository"

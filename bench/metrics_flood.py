@@ -29,7 +29,15 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.many_models import IN, _generate
-from bench.servers import HOST, free_ports, run_window, running, serval_command, tree_env
+from bench.servers import (
+    HOST,
+    add_tree_option,
+    free_ports,
+    run_window,
+    running,
+    serval_command,
+    tree_env,
+)
 
 
 def _body() -> bytes:
@@ -88,8 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--flood", default="GET /metrics",
                         help="the flooders' request: 'METHOD PATH' (a POST sends {})")
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="serve from another checkout's src/ (e.g. the 'before' tree)")
+    add_tree_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch) / "repository"

@@ -24,7 +24,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.servers import HOST, free_ports, running, serval_command, tree_env
+from bench.servers import HOST, add_tree_option, free_ports, running, serval_command, tree_env
 
 MODEL = '''
 import numpy as np
@@ -96,8 +96,7 @@ def main() -> None:
     parser.add_argument("--work", type=int, default=100_000, help="loop iterations per request")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tree", type=Path, default=None,
-                        help="serve from another checkout's src/ (e.g. the 'before' tree)")
+    add_tree_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch) / "repository"

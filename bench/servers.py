@@ -16,6 +16,7 @@ from serval.ports import free_port, free_ports
 
 __all__ = [
     "HOST",
+    "add_tree_option",
     "fastapi_command",
     "free_port",
     "free_ports",
@@ -46,6 +47,12 @@ def only(repository: Path, models: list[str], where: Path) -> Path:
         if not (root / model).exists():
             (root / model).symlink_to((repository / model).resolve())
     return root
+
+
+def add_tree_option(parser: argparse.ArgumentParser) -> None:
+    """--tree: the benches that serve one checkout at a time, run again on the 'before' one."""
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="serve from another checkout's src/ (e.g. the 'before' tree)")
 
 
 def tree_env(tree: Path) -> dict[str, str]:

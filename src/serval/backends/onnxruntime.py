@@ -229,7 +229,8 @@ def read_metadata(session: Any, config: ModelConfig, source: str) -> ModelMetada
     inputs = tuple(_tensor_spec(arg) for arg in session.get_inputs())
     outputs = tuple(_tensor_spec(arg) for arg in session.get_outputs())
     max_batch_size = resolve_max_batch_size(config.max_batch_size, inputs + outputs, source)
-    named = same_dims((arg.name, arg.shape) for arg in session.get_inputs())
+    named = same_dims(((arg.name, arg.shape) for arg in session.get_inputs()),
+                      batched=max_batch_size > 0)
     return ModelMetadata("onnxruntime_onnx", inputs, outputs, max_batch_size,
                          same_dims=named)
 

@@ -7,6 +7,7 @@ owns an infer request; inputs and outputs are read from the model.
 from __future__ import annotations
 
 import queue
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ class OpenVinoBackend(EngineBackend):
             # CPUs by default (answers off by ~1e-2 from ONNX Runtime on the same file)
             "INFERENCE_PRECISION_HINT": "f32"})
         # names from the model as read: compiling may rename an output (keeping an alias)
-        metadata = _metadata(model, spec.config.max_batch_size, str(path), _named_dims(path))
+        metadata = _metadata(model, spec.config.max_batch_size, str(path))
+        metadata = replace(metadata, same_dims=_named_dims(path, metadata.max_batch_size > 0))
         size = (_file_bytes(path) + SESSION_OVERHEAD_BYTES) * spec.config.instances
         return OpenVinoModel(compiled, metadata, spec.config.instances, size)
 
@@ -98,16 +100,14 @@ class OpenVinoModel:
             self._free.get_nowait()
 
 
-def _metadata(model: Any, configured: int | None, source: str,
-              named: tuple[SameDim, ...] = ()) -> ModelMetadata:
+def _metadata(model: Any, configured: int | None, source: str) -> ModelMetadata:
     inputs = tuple(_spec(port) for port in model.inputs)
     outputs = tuple(_spec(port) for port in model.outputs)
     return ModelMetadata("openvino", inputs, outputs,
-                         resolve_max_batch_size(configured, inputs + outputs, source),
-                         same_dims=named)
+                         resolve_max_batch_size(configured, inputs + outputs, source))
 
 
-def _named_dims(path: Path) -> tuple[SameDim, ...]:
+def _named_dims(path: Path, batched: bool) -> tuple[SameDim, ...]:
     """The free dimensions an ONNX file names and inputs share (OpenVINO's shapes carry no
     names; an IR file has none to read): OpenVINO broadcasts or fails on inputs that
     disagree on one."""
@@ -120,9 +120,10 @@ def _named_dims(path: Path) -> tuple[SameDim, ...]:
     except Exception:  # OpenVINO read it: what onnx cannot, it serves unchecked
         return ()
     constants = {initializer.name for initializer in graph.initializer}
-    return same_dims((tensor.name, [dim.dim_param or dim.dim_value
-                                    for dim in tensor.type.tensor_type.shape.dim])
-                     for tensor in graph.input if tensor.name not in constants)
+    shapes = ((tensor.name, [dim.dim_param or dim.dim_value
+                             for dim in tensor.type.tensor_type.shape.dim])
+              for tensor in graph.input if tensor.name not in constants)
+    return same_dims(shapes, batched)
 
 
 def _spec(port: Any) -> TensorSpec:

@@ -40,13 +40,15 @@ def validate_request(request: InferRequest, metadata: ModelMetadata, model: str)
     _check_requested_outputs(request, metadata, model)
 
 
-def same_dims(inputs: Iterable[tuple[str, Sequence[object]]]) -> tuple[SameDim, ...]:
+def same_dims(inputs: Iterable[tuple[str, Sequence[object]]], batched: bool
+              ) -> tuple[SameDim, ...]:
     """The named free dimensions (a model file's dim_param, given as a str among the dims)
-    that more than one (input, axis) carries."""
+    that more than one (input, axis) carries; `batched`: the batch axis left out (the batch
+    size check covers it)."""
     places: dict[str, list[tuple[str, int]]] = {}
     for name, dims in inputs:
         for axis, dim in enumerate(dims):
-            if isinstance(dim, str) and dim:
+            if isinstance(dim, str) and dim and not (batched and axis == 0):
                 places.setdefault(dim, []).append((name, axis))
     return tuple((symbol, tuple(where)) for symbol, where in places.items() if len(where) > 1)
 

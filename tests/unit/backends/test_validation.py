@@ -65,10 +65,13 @@ def test_an_optional_input_may_be_left_out_but_is_checked_when_given() -> None:
 def test_inputs_that_share_a_named_dimension_must_agree_on_it() -> None:
     """ONNX names a free dimension (dim_param) once for every tensor that has it: an engine
     given two sizes fails mid-graph (a 500) or broadcasts one against the other."""
-    named = same_dims([("ids", ["batch", "sequence"]), ("mask", ["batch", "sequence"]),
-                       ("extra", [None, 7, "other"])])
+    inputs = [("ids", ["batch", "sequence"]), ("mask", ["batch", "sequence"]),
+              ("extra", [None, 7, "other"])]
+    named = same_dims(inputs, batched=False)
     assert named == (("batch", (("ids", 0), ("mask", 0))),
                      ("sequence", (("ids", 1), ("mask", 1))))
+    # with a batch axis the batch size check covers axis 0: no group for it per request
+    assert same_dims(inputs, batched=True) == (("sequence", (("ids", 1), ("mask", 1))),)
     spec = (-1, -1)
     metadata = ModelMetadata("test", (TensorSpec("ids", "INT64", spec),
                                       TensorSpec("mask", "INT64", spec)), (), 0,
