@@ -1,7 +1,8 @@
 """Admission by expected wait: a request whose deadline the queue ahead would make it miss is
 refused at once (429 + Retry-After, gRPC RESOURCE_EXHAUSTED) instead of queueing, while one
 whose deadline can be met is served; a connection that re-sends before its Retry-After gets
-its next 429 only when that elapses, without the request reaching the model."""
+its next 429 only when that elapses, without the request reaching the model (requests for
+other models on that connection are answered as usual)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ ONE_ROW = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1
 @pytest.fixture(scope="module")
 def measured(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory
              ) -> RunningServer:
-    """The `slow` model (~0.1-0.5 s a 128-row batch) with two batches measured already."""
+    """The `slow` model (~0.1-0.5 s a 128-row batch) with two batches measured already, and
+    `add_sub` beside it."""
     root = tmp_path_factory.mktemp("overload")
     fixture_models.slow(root)
+    fixture_models.add_sub(root)
     (root / "slow" / "config.yaml").write_text("max_batch_size: 128\n")
     server = server_factory(root)
     for _ in range(2):
@@ -149,3 +152,35 @@ def test_a_connection_resending_before_retry_after_is_refused_when_it_elapses(
     assert "before its Retry-After elapsed" in orjson.loads(second_body)["error"]
     assert retry_after - 0.3 <= held_s <= retry_after + 2.0
     assert call(measured.url, "POST", INFER, ONE_ROW).status == 200  # a new connection is fine
+
+
+def test_a_retry_after_holds_back_only_its_model_on_the_connection(
+    measured: RunningServer,
+) -> None:
+    """A proxy's connection carries many clients: one model's 429 must not hold the others."""
+    blocker = _occupy(measured)
+    host, port = measured.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    other = orjson.dumps({"inputs": [
+        {"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
+        for n in ("INPUT0", "INPUT1")]})
+    try:
+        connection.request("POST", INFER, ONE_ROW, {"Serval-Timeout-Ms": "5"})
+        first = connection.getresponse()
+        first.read()
+        answers = []
+        started = time.monotonic()  # a held request would be answered when Retry-After elapsed
+        for method, path, body in (("POST", "/v2/models/add_sub/infer", other),
+                                   ("GET", "/v2/health/ready", None),
+                                   ("GET", "/v2/models/add_sub", None)):
+            connection.request(method, path, body)
+            answer = connection.getresponse()
+            answers.append((answer.status, answer.read()))
+        early_s = float(first.headers["retry-after"]) - (time.monotonic() - started)
+    finally:
+        connection.close()
+        blocker.join(timeout=60)
+    assert first.status == 429
+    assert [status for status, _ in answers] == [200, 200, 200], answers
+    assert orjson.loads(answers[0][1])["outputs"][0]["data"] == [2.0] * 16
+    assert early_s > 0  # all three were answered within the Retry-After: none was held

@@ -10,7 +10,9 @@ client may take is bounded before it is buffered (serval.server.limits, `--max-*
   requests ahead of them, is not read until it catches up (write buffer limits);
 - time: headers, body pauses, idle keep-alive and a peer that stops reading are each bounded,
   all by one timer per connection (timer.py);
-- room: every connection passes the server's ConnectionGate, which may evict an idle one.
+- room: every connection passes the server's ConnectionGate, which may evict an idle one;
+- retries: a request for a model this connection was just told to wait for (Retry-After) is
+  refused when that elapses, unread (holds.py).
 
 A closed connection drops everything it holds (parser, queue, timer, task), so nothing waits for
 the cycle collector.
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from serval.server.http.app import HttpApp
-from serval.server.http.errors import JSON_HEADERS, Reply, error_body
+from serval.server.http.errors import Reply
+from serval.server.http.holds import RetryHolds, too_early
 from serval.server.http.reader import Request, RequestReader
 from serval.server.http.streamed import StreamedReply
 from serval.server.http.timer import ConnectionTimer
@@ -47,9 +50,6 @@ from serval.server.limits import TransportGuards
 log = logging.getLogger(__name__)
 
 _LINGER_S = 2.0
-_TOO_EARLY_BODY = error_body("this connection was told to wait (a 429, or a 503 with "
-                             "Retry-After) and sent again before its Retry-After elapsed; "
-                             "refused again (wait Retry-After seconds)")
 _STALLED_BODY_S = 1.0  # a body this long without a byte may be evicted for a new connection
 
 
@@ -89,8 +89,7 @@ class HttpProtocol(RequestReader):
         self.reading_paused = self.write_paused = False
         self.write_paused_at = self.linger_until = 0.0
         self.idle_since = self.last_read
-        self.retry_at = 0.0  # loop time before which a request here is refused again (429)
-        self.retry_after = b"1"
+        self.holds = RetryHolds()  # the models this connection was told to wait for
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
@@ -258,12 +257,11 @@ class HttpProtocol(RequestReader):
                 if isinstance(item, Refusal):
                     self._send_refusal(item)
                     return
-                early_s = self.retry_at - self.loop.time() if self.retry_at else 0.0
+                early = self.holds.wait_s(item.path, self.loop.time())
                 reply: Reply | StreamedReply
-                if early_s > 0:  # a client ignoring Retry-After: no work for it, answer then
-                    await asyncio.sleep(early_s)
-                    reply = (429, _TOO_EARLY_BODY,
-                             [*JSON_HEADERS, (b"retry-after", self.retry_after)])
+                if early is not None:  # a client ignoring Retry-After: no work for it
+                    await asyncio.sleep(early[0])
+                    reply = too_early(item.path, early[1])
                 else:
                     reply = await self.app.handle(item.method, item.path, item.headers,
                                                   item.body, item.query, item.authorized)
@@ -278,7 +276,7 @@ class HttpProtocol(RequestReader):
                         return  # the client went away mid-answer
                 else:
                     if reply[0] in (429, 503):
-                        self._note_refusal(reply[2])
+                        self.holds.note(item.path, reply[2], self.loop.time())
                     self.transport.write(encode_reply(reply, keep_alive, item.head,
                                                       self.server_lines, item.http10))
                 if item.reserved:
@@ -334,15 +332,6 @@ class HttpProtocol(RequestReader):
             self.transport.write(LAST_CHUNK)
         return True
 
-    def _note_refusal(self, headers: list[tuple[bytes, bytes]]) -> None:
-        """A request sent here before the Retry-After just given is refused when it elapses,
-        unread by the app: a client that hammers after a 429 (or a 503 that says when to come
-        back) gets one answer per Retry-After."""
-        for name, value in headers:
-            if name == b"retry-after":
-                self.retry_after = value
-                self.retry_at = self.loop.time() + float(value)
-
     def _send_refusal(self, answer: Refusal) -> None:
         transport = self.transport
         assert transport is not None
@@ -383,3 +372,4 @@ class HttpProtocol(RequestReader):
         """Close now, dropping what is unsent (the gate, the send backlog, shutdown)."""
         if self.transport is not None:
             self.transport.abort()
+
