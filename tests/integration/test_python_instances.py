@@ -67,6 +67,40 @@ instance_group [ {{ count: 3, kind: KIND_CPU }} ]
 """
 
 
+# Answers which instance ran it (Triton names them <model>_0_0, <model>_0_1, ...); instance 1
+# aborts on a negative input, instance 0 answers it.
+ONE_CRASHES = '''
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.index = int(args["model_instance_name"].rsplit("_", 1)[1])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if self.index == 1 and (x < 0).any():
+                os.abort()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("INSTANCE", np.array([self.index], np.int32))]))
+        return responses
+'''
+
+ONE_CRASHES_CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "X", data_type: TYPE_FP32, dims: [ 1 ] }} ]
+output [ {{ name: "INSTANCE", data_type: TYPE_INT32, dims: [ 1 ] }} ]
+instance_group [ {{ count: 2, kind: KIND_CPU }} ]
+"""
+
+
 @pytest.fixture(scope="module")
 def served(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory
            ) -> tuple[RunningServer, Path]:
@@ -74,6 +108,7 @@ def served(server_factory: Factory, tmp_path_factory: pytest.TempPathFactory
     folders = tmp_path_factory.mktemp("rendezvous")
     (folders / "three").mkdir()
     write_pbtxt(root, "three", RENDEZVOUS.format(folder=str(folders / "three")), CONFIG)
+    write_pbtxt(root, "one_crashes", ONE_CRASHES, ONE_CRASHES_CONFIG)
     return server_factory(root, "--allow-python-models", "--repository-api"), folders
 
 
@@ -130,6 +165,42 @@ def test_unloading_stops_every_instance_process(served: tuple[RunningServer, Pat
     _wait_gone(pids)
     client.load_model("three")
     assert [seen for seen, _ in _rendezvous(server, folders / "three")] == [3, 3, 3]
+
+
+def _instance(url: str, x: float) -> int:
+    client = httpclient.InferenceServerClient(url, network_timeout=60.0)
+    tensor = httpclient.InferInput("X", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([x], np.float32))
+    return int(client.infer("one_crashes", [tensor]).as_numpy("INSTANCE")[0])
+
+
+def test_instances_are_named_as_triton_names_them(served: tuple[RunningServer, Path]) -> None:
+    server, _ = served
+    assert {_instance(server.url, 1.0) for _ in range(4)} == {0, 1}
+
+
+def test_batches_go_to_the_instance_that_is_up_not_the_one_its_crash_loop_holds(
+        served: tuple[RunningServer, Path]) -> None:
+    """Instance 1 crashed 4 times in a row: its restart waits 1 s. Meanwhile every request
+    goes to instance 0 (before, every other request got instance 1's 503)."""
+    server, _ = served
+    crashes: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(crashes) < 4:  # a negative input crashes instance 1 only (0 answers it)
+        assert time.monotonic() < deadline, crashes
+        try:
+            _instance(server.url, -1.0)
+        except InferenceServerException as exc:
+            crashes.append(str(exc))
+    held_since = time.monotonic()
+    assert "has crashed 4 times in a row and restarts in 1.0 s" in crashes[-1], crashes
+    answered_by = [_instance(server.url, 1.0) for _ in range(4)]
+    assert time.monotonic() - held_since < 1.0  # all within instance 1's hold
+    assert answered_by == [0, 0, 0, 0]
+    deadline = time.monotonic() + 30
+    while _instance(server.url, 1.0) != 1:  # it comes back after its hold
+        assert time.monotonic() < deadline
+    assert "restarting it" in server.log()
 
 
 def _wait_gone(pids: set[int]) -> None:

@@ -39,6 +39,7 @@ class ModelVersionSpec:
     version: str
     path: Path
     config: ModelConfig
+    instance: int = 0  # which of config.instances, where each has a worker process
 
 
 class Model(Protocol):

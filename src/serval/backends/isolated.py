@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from serval.backends.base import (
 )
 from serval.backends.crash_loop import CrashLoop
 from serval.backends.isolated_child import STOP, child_main
-from serval.backends.isolated_pool import one_instance, pooled, start_instances
+from serval.backends.isolated_pool import Instance, one_instance, pooled, start_instances
 from serval.backends.pipe_requests import recv_results, send_requests
 from serval.backends.pipe_tensors import recv_tensors, send_tensors
 from serval.backends.worker_guard import (
@@ -70,9 +71,10 @@ class IsolatedBackend:
         if count == 1:
             return self._start(self.inner, spec)
         inner, one = one_instance(self.inner, spec)
-        return pooled(start_instances(count, lambda: self._start(inner, one)))
+        return pooled(start_instances(
+            count, lambda index: self._start(inner, replace(one, instance=index))))
 
-    def _start(self, inner: Engine, spec: ModelVersionSpec) -> LoadedModel:
+    def _start(self, inner: Engine, spec: ModelVersionSpec) -> Instance:
         model = IsolatedModel(inner, spec, caller=self.caller)
         return IsolatedRequestModel(model) if model.takes_requests else model
 
@@ -109,6 +111,13 @@ class IsolatedModel:
 
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
+
+    def held_s(self) -> float | None:
+        """None while its worker is up (or it is unloaded); else seconds its crash loop
+        holds back a restart (0.0: a batch would start one now)."""
+        if self._conn is not None or self._closed:
+            return None
+        return self.crash_loop.wait_s()
 
     def infer(self, inputs: TensorDict) -> TensorDict:
         status, detail, outputs = self._exchange(
@@ -302,6 +311,9 @@ class IsolatedRequestModel:
 
     def memory_bytes(self) -> int:
         return self.isolated.memory_bytes()
+
+    def held_s(self) -> float | None:
+        return self.isolated.held_s()
 
     def infer(self, inputs: TensorDict) -> TensorDict:
         return self.isolated.infer(inputs)

@@ -11,18 +11,29 @@ as one child's) and a child that dies is restarted on its own, the others servin
 from __future__ import annotations
 
 import copy
-import queue
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from serval.backends.base import Engine, LoadedModel, ModelMetadata, ModelVersionSpec, RequestModel
 from serval.errors import ServalError
 from serval.protocol.types import InferRequest, TensorDict
 
-M = TypeVar("M", bound=LoadedModel)
 R = TypeVar("R")
+_RECHECK_S = 0.05  # a pool waiting on a busy member looks again for a restarted one
+
+
+class Instance(LoadedModel, Protocol):
+    """A pool member: a worker process's handle, which may be held by its crash loop."""
+
+    def held_s(self) -> float | None:
+        """None while its worker is up; else seconds until one may start (0.0: now)."""
+        ...
+
+
+M = TypeVar("M", bound=Instance)
 
 
 def one_instance(engine: Engine, spec: ModelVersionSpec) -> tuple[Engine, ModelVersionSpec]:
@@ -37,13 +48,13 @@ def one_instance(engine: Engine, spec: ModelVersionSpec) -> tuple[Engine, ModelV
     return share, replace(spec, config=spec.config.model_copy(update={"instances": 1}))
 
 
-def start_instances(count: int, start: Callable[[], M]) -> list[M]:
-    """`count` children started together; if any fails, those started are unloaded and the
-    first failure is raised."""
+def start_instances(count: int, start: Callable[[int], M]) -> list[M]:
+    """`count` children started together (`start` gets each one's index); if any fails, those
+    started are unloaded and the first failure is raised."""
     if count == 1:
-        return [start()]
+        return [start(0)]
     with ThreadPoolExecutor(count, thread_name_prefix="serval-instance-start") as pool:
-        futures = [pool.submit(start) for _ in range(count)]
+        futures = [pool.submit(start, index) for index in range(count)]
     started = [future.result() for future in futures if future.exception() is None]
     failures = [error for future in futures if (error := future.exception()) is not None]
     if failures:
@@ -54,13 +65,13 @@ def start_instances(count: int, start: Callable[[], M]) -> list[M]:
 
 
 class InstancePool(Generic[M]):
-    """Several loaded copies of one model version served as one: a batch runs on a free one."""
+    """Several loaded copies of one model version served as one: a batch runs on a free one,
+    one whose worker is up (or may start now) before one held by its crash loop."""
 
     def __init__(self, members: list[M]) -> None:
         self.members = members
-        self._free: queue.SimpleQueue[M] = queue.SimpleQueue()
-        for member in members:
-            self._free.put(member)
+        self._free = list(members)
+        self._returned = threading.Condition()
 
     @property
     def metadata(self) -> ModelMetadata:
@@ -77,11 +88,33 @@ class InstancePool(Generic[M]):
             member.unload()
 
     def _on_free(self, run: Callable[[M], R]) -> R:
-        member = self._free.get()  # never waits: at most `count` consumers call at once
+        member = self._take()
         try:
             return run(member)
         finally:
-            self._free.put(member)
+            with self._returned:
+                self._free.append(member)
+                self._returned.notify()
+
+    def _take(self) -> M:
+        """A free member whose worker is up; else wait for a busy one that is up (its batch
+        is shorter than a restart); else, no worker up, the free member due first: it starts
+        its worker for this batch, or its crash loop answers 503 saying when."""
+        with self._returned:
+            while True:
+                holds = [(member.held_s(), member) for member in self._free]
+                for held_s, member in holds:
+                    if held_s is None:
+                        self._free.remove(member)
+                        return member
+                down = [member for member in self.members if member.held_s() is not None]
+                if holds and len(down) == len(self.members):
+                    member = min(holds, key=lambda hold: cast(float, hold[0]))[1]
+                    self._free.remove(member)
+                    return member
+                # a busy sibling is up: take it when its batch ends, or a worker restarted
+                # meanwhile (checked every _RECHECK_S while some are down)
+                self._returned.wait(_RECHECK_S if down else None)
 
 
 class RequestInstancePool(InstancePool[M]):

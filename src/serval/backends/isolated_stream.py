@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -33,7 +34,7 @@ from serval.backends.base import (
 )
 from serval.backends.isolated import IsolatedBackend, IsolatedModel, IsolatedRequestModel
 from serval.backends.isolated_child import load_in_child, serve_child
-from serval.backends.isolated_pool import pooled, start_instances
+from serval.backends.isolated_pool import Instance, pooled, start_instances
 from serval.backends.model_code import MODEL_EXITS, model_exception
 from serval.backends.pipe_requests import recv_requests, recv_results, send_requests, send_results
 from serval.backends.pipe_responses import RESPONSE as _RESPONSE
@@ -59,9 +60,10 @@ class StreamingIsolatedBackend(IsolatedBackend):
         one for a sequence model, whose per-sequence state must stay in one process (the
         sequencer may run a sequence's next step on any instance)."""
         count = 1 if spec.config.sequence_batching is not None else spec.config.instances
-        return pooled(start_instances(count, lambda: self._load_one(spec)))
+        return pooled(start_instances(
+            count, lambda index: self._load_one(replace(spec, instance=index))))
 
-    def _load_one(self, spec: ModelVersionSpec) -> LoadedModel:
+    def _load_one(self, spec: ModelVersionSpec) -> Instance:
         model = IsolatedModel(self.inner, spec, child_target=stream_child_main,
                               caller=self.caller)
         if model.metadata.decoupled:

@@ -78,7 +78,7 @@ def initialize_args(spec: ModelVersionSpec, model_config: dict[str, Any]) -> dic
     return {
         "model_config": json.dumps(model_config),
         "model_instance_kind": "GPU" if device.startswith("cuda") else "CPU",
-        "model_instance_name": f"{spec.name}_0_0",
+        "model_instance_name": f"{spec.name}_0_{spec.instance}",  # group 0, as Triton's
         "model_instance_device_id": device.partition(":")[2] or "0",
         "model_repository": str(spec.path.parent),
         "model_version": spec.version,
