@@ -11,8 +11,8 @@ import pytest
 
 from serval.auth import ANONYMOUS, Token
 from serval.config import TransportLimits
-from serval.server.http.app import RawHeaders
 from serval.server.http.errors import Reply
+from serval.server.http.infer_headers import RawHeaders
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.limits import TransportGuards
 from tests.conftest import RunningServer

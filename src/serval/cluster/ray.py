@@ -30,8 +30,8 @@ from serval.cluster.replica import (
     start_stack,
     stop_stack,
 )
-from serval.server.http.app import RawHeaders
 from serval.server.http.errors import JSON_HEADERS, Reply, error_body
+from serval.server.http.infer_headers import RawHeaders
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from serval.cluster.mirror import RepositoryMirror
 from serval.repository.registry import ModelRegistry
 from serval.repository.served import ModelState
 from serval.server.build import ServingStack, build_stack, close_stack
-from serval.server.http.app import RawHeaders
 from serval.server.http.errors import Reply
+from serval.server.http.infer_headers import RawHeaders
 from serval.server.http.streamed import StreamedReply, collected
 
 log = logging.getLogger(__name__)

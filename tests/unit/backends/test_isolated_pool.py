@@ -6,10 +6,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from serval.backends.base import ModelMetadata
 from serval.backends.isolated_pool import InstancePool
 from serval.protocol.types import TensorDict
+
+pytestmark = pytest.mark.unit
 
 
 class Member:

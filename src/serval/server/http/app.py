@@ -6,10 +6,7 @@ import asyncio
 import base64
 import contextvars
 import logging
-import math
-import re
 import time
-import zlib
 from typing import Any
 
 import orjson
@@ -24,7 +21,6 @@ from serval.protocol.rest_codec import json_object
 from serval.server.http.codec_process import CodecProcess
 from serval.server.http.errors import (
     JSON_HEADERS,
-    BodyTooLarge,
     Reply,
     error_body,
     method_not_allowed,
@@ -33,6 +29,7 @@ from serval.server.http.errors import (
 )
 from serval.server.http.generate_routes import ACTIONS as GENERATE
 from serval.server.http.generate_routes import generate
+from serval.server.http.infer_headers import RawHeaders, decompress, infer_headers
 from serval.server.http.openapi import openapi_document
 from serval.server.http.shm_routes import is_shared_memory_path, shared_memory_route
 from serval.server.http.streamed import StreamedReply
@@ -42,7 +39,6 @@ from serval.server.statistics import statistics_chunks, statistics_json
 
 log = logging.getLogger(__name__)
 
-RawHeaders = list[tuple[bytes, bytes]]  # lower-case names, as received
 
 _MODEL_ACTIONS = ("", "ready", "config", "stats", "infer", *GENERATE)
 
@@ -173,10 +169,10 @@ class HttpApp:
                 return method_not_allowed(method, f"{action} (use POST)", "POST")
             if action != "infer":  # Triton's generate extension
                 received_ns = time.perf_counter_ns()
-                _, encoding, timeout_ms = _infer_headers(headers)
+                _, encoding, timeout_ms = infer_headers(headers)
                 return await generate(
                     self.dataplane, name, version,
-                    _decompress(body, encoding, self.max_body_bytes),
+                    decompress(body, encoding, self.max_body_bytes),
                     action == "generate_stream", received_ns,
                     deadline_after(received_ns, timeout_ms))
             return await self._infer(name, version, headers, body)
@@ -220,14 +216,14 @@ class HttpApp:
         self, name: str, version: str | None, headers: RawHeaders, body: bytes
     ) -> Reply:
         received_ns = time.perf_counter_ns()
-        header_length, encoding, timeout_ms = _infer_headers(headers)
+        header_length, encoding, timeout_ms = infer_headers(headers)
         deadline_ns = deadline_after(received_ns, timeout_ms)
         own_timeout = (deadline_ns is None and self.dataplane.default_timeout_ns > 0
                        and may_set_timeout(body, header_length, encoding))  # else moot
         self.dataplane.admit(name, version, deadline_ns, own_timeout)
         if encoding not in (b"", b"identity"):  # 64 KiB may inflate to 64 MiB: zlib lets go
             # of the GIL, so on a thread inflating leaves the loop to the others
-            body = await asyncio.to_thread(_decompress, body, encoding, self.max_body_bytes)
+            body = await asyncio.to_thread(decompress, body, encoding, self.max_body_bytes)
         request = await self.codec.decode(body, header_length)
         response = await self.dataplane.infer(name, version, request, received_ns, deadline_ns)
         payload, json_length = await self.codec.encode(response, request)
@@ -322,80 +318,6 @@ def _file_parameters(name: str, params: dict[str, Any]) -> dict[str, bytes]:
                 raise InvalidInput(f"failed to load '{name}': parameter {key[:80]!r} must be "
                                    "the file's bytes as base64 text") from None
     return files
-
-
-MAX_TIMEOUT_MS = 86_400_000.0  # one day: a longer Serval-Timeout-Ms is a client mistake
-_SHOWN_HEADER_BYTES = 64  # how much of a bad header value an error message quotes
-
-
-def _infer_headers(headers: RawHeaders) -> tuple[int | None, bytes, float | None]:
-    """Inference-Header-Content-Length, Content-Encoding and Serval-Timeout-Ms."""
-    header_length: int | None = None
-    encoding = b""
-    timeout_ms: float | None = None
-    for key, value in headers:
-        if key == b"inference-header-content-length":
-            header_length = _header_length(value)
-        elif key == b"content-encoding":
-            encoding = value.strip().lower()
-        elif key == b"serval-timeout-ms":
-            timeout_ms = _timeout_ms(value)
-    return header_length, encoding, timeout_ms
-
-
-def _shown(value: bytes) -> str:
-    """A client's header value for an error message: never raises, never long."""
-    text = value[:_SHOWN_HEADER_BYTES].decode("utf-8", errors="backslashreplace")
-    return f"'{text}{'...' if len(value) > _SHOWN_HEADER_BYTES else ''}'"
-
-
-def _header_length(value: bytes) -> int:
-    stripped = value.strip()
-    if not stripped.isdigit() or len(stripped) > 19:  # ASCII digits only, int64 at most
-        raise InvalidInput(
-            "Inference-Header-Content-Length must be a non-negative integer (the JSON "
-            f"header's size in bytes), got {_shown(value)}"
-        )
-    return int(stripped)
-
-
-_DECIMAL = re.compile(rb"\s*(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*")  # ASCII digits only
-
-
-def _timeout_ms(value: bytes) -> float:
-    # float() alone would take "1_000", "infinity" or non-ASCII digits
-    timeout_ms = float(value) if _DECIMAL.fullmatch(value) else math.nan
-    if not 0 < timeout_ms <= MAX_TIMEOUT_MS:  # NaN and inf fail here too
-        raise InvalidInput(
-            "Serval-Timeout-Ms must be a positive number of milliseconds, at most "
-            f"{MAX_TIMEOUT_MS:.0f} (one day), got {_shown(value)}"
-        )
-    return timeout_ms
-
-
-def _decompress(body: bytes, encoding: bytes, limit_bytes: int) -> bytes:
-    """The body as sent, inflated for gzip/deflate up to limit_bytes (no decompression bombs)."""
-    if encoding in (b"", b"identity"):
-        return body
-    if encoding not in (b"gzip", b"deflate"):
-        raise InvalidInput(
-            f"Content-Encoding {_shown(encoding)} is not supported; use gzip, deflate or identity"
-        )
-    name = encoding.decode("ascii")
-    try:
-        window = zlib.MAX_WBITS | 16 if encoding == b"gzip" else zlib.MAX_WBITS
-        inflater = zlib.decompressobj(window)
-        data = inflater.decompress(body, limit_bytes + 1)
-        if len(data) > limit_bytes:
-            raise BodyTooLarge(
-                f"request body inflates to more than this server's limit of {limit_bytes} "
-                "bytes (--max-request-mb)"
-            )
-        if not inflater.eof:
-            raise EOFError("compressed data ends early")
-    except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidInput(f"request body is not valid {name} data: {exc}") from None
-    return data
 
 
 def _json(doc: Any, status: int = 200) -> Reply:

@@ -19,7 +19,8 @@ from urllib.parse import unquote
 import httptools
 
 from serval.auth import Token
-from serval.server.http.app import HttpApp, RawHeaders
+from serval.server.http.app import HttpApp
+from serval.server.http.infer_headers import RawHeaders
 from serval.server.http.wire import Refusal, refusal
 from serval.server.limits import TransportGuards
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 import pytest
 
 from serval.errors import InvalidInput
-from serval.server.http.app import (
-    _decompress,
-    _file_parameters,
-    _header_length,
-    _repository_parameters,
-    _timeout_ms,
-)
+from serval.server.http.app import _file_parameters, _repository_parameters
+from serval.server.http.infer_headers import decompress as _decompress
+from serval.server.http.infer_headers import parse_header_length as _header_length
+from serval.server.http.infer_headers import parse_timeout_ms as _timeout_ms
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from serval.server.http.holds import RetryHolds, refusal_scope, too_early
+
+pytestmark = pytest.mark.unit
 
 INFER_A = "/v2/models/a/infer"
 RETRY_2 = [(b"content-type", b"application/json"), (b"retry-after", b"2")]
