@@ -30,6 +30,7 @@ from serval.loop_share import LoopShare
 from serval.observability.log_settings import LogControl
 from serval.observability.trace import Tracer, Value
 from serval.protocol.classification import classify
+from serval.protocol.deadlines import request_deadline
 from serval.protocol.rest_codec import json_object
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.protocol.shm_tensors import resolve_inputs, write_outputs
@@ -269,7 +270,8 @@ class DataPlane:
             resolve_inputs(self.shared_memory, request, self.max_tensor_elements,
                            current_token())  # from shm, the regions this client reaches
         self._check_sizes(request)
-        deadline_ns = self._deadline(request, received_ns, deadline_ns)
+        deadline_ns = request_deadline(request, received_ns, deadline_ns,
+                                       self.default_timeout_ns)
         self._inflight += 1
         return deadline_ns
 
@@ -311,21 +313,6 @@ class DataPlane:
             self.inflight_refusals += 1
             raise Overloaded(f"the server has {self._inflight} requests in flight, its "
                              "limit; retry shortly")
-
-    def _deadline(self, request: InferRequest, received_ns: int,
-                  deadline_ns: int | None) -> int | None:
-        """The earliest deadline the client set; the server default only if it set none."""
-        candidates = [] if deadline_ns is None else [deadline_ns]
-        timeout_us = request.parameters.get("timeout")
-        if timeout_us is not None:
-            if type(timeout_us) is not int or timeout_us < 0:
-                raise InvalidInput("parameter 'timeout' must be a non-negative integer of "
-                                   "microseconds")
-            if timeout_us:
-                candidates.append(received_ns + timeout_us * 1000)
-        elif deadline_ns is None and self.default_timeout_ns:
-            candidates.append(received_ns + self.default_timeout_ns)
-        return min(candidates, default=None)
 
     async def _infer_model(
         self, name: str, version: str | None, request: InferRequest, received_ns: int,
@@ -377,23 +364,6 @@ class DataPlane:
         composite = cache.is_composite(scope, spec.config.backend == "pipeline")
         return await look_up(cache, scope, composite, request, served.stats,
                              [o.name for o in metadata.outputs])
-
-
-MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000.0  # longer (up to inf) is the same as no hurry
-
-
-def deadline_after(received_ns: int, timeout_ms: float | None) -> int | None:
-    """The deadline (perf_counter_ns) of a timeout counted from received_ns; huge ones capped."""
-    if timeout_ms is None:
-        return None
-    return received_ns + int(min(timeout_ms, MAX_TIMEOUT_MS) * 1_000_000)
-
-
-def may_set_timeout(body: bytes, json_length: int | None, encoding: bytes) -> bool:
-    """Whether a REST body might carry `parameters.timeout` (judged without decoding it)."""
-    if encoding not in (b"", b"identity"):
-        return True
-    return b'"timeout"' in (body if json_length is None else body[:json_length])
 
 
 def _config_override(value: str | dict[str, Any] | None) -> dict[str, Any] | None:

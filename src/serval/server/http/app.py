@@ -13,10 +13,11 @@ import orjson
 
 from serval.auth import ANONYMOUS, Action, Token, TokenStore, act_as, bearer
 from serval.config import TransportLimits
-from serval.dataplane import DataPlane, deadline_after, may_set_timeout
+from serval.dataplane import DataPlane
 from serval.errors import InvalidInput, ServalError, shown
 from serval.observability.metrics import Exposition
 from serval.observability.scrapes import PacedRenderer
+from serval.protocol.deadlines import deadline_after, may_set_timeout
 from serval.protocol.rest_codec import json_object
 from serval.server.http.codec_process import CodecProcess
 from serval.server.http.errors import (
