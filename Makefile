@@ -120,13 +120,14 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I$(GRPC_DIR) --python_out=$(GRPC_DIR) --pyi_out=$(GRPC_DIR) \
 		$(GRPC_DIR)/model_config.proto
 	$(PY) -m grpc_tools.protoc -Isrc -I$(GRPC_DIR) --python_out=src --pyi_out=src \
-		$(GRPC_DIR)/grpc_service.proto
+		$(GRPC_DIR)/grpc_service.proto $(GRPC_DIR)/health.proto
 	sed -i 's/^import model_config_pb2 as/from serval.protocol.grpc import model_config_pb2 as/' \
 		$(GRPC_DIR)/grpc_service_pb2.py $(GRPC_DIR)/grpc_service_pb2.pyi
 	@# built in Serval's own descriptor pool (pool.py), beside tritonclient's identical symbols
+	@# (and grpcio-health-checking's grpc.health.v1)
 	sed -i -e 's/^DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(/DESCRIPTOR = _serval_pool.POOL.AddSerializedFile(/' \
 		-e 's/^# @@protoc_insertion_point(imports)$$/&\nfrom serval.protocol.grpc import pool as _serval_pool/' \
-		$(GRPC_DIR)/model_config_pb2.py $(GRPC_DIR)/grpc_service_pb2.py
+		$(GRPC_DIR)/model_config_pb2.py $(GRPC_DIR)/grpc_service_pb2.py $(GRPC_DIR)/health_pb2.py
 
 clean:
 	rm -rf $(VENV) $(MODELS) .pytest_cache

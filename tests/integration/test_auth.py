@@ -62,6 +62,13 @@ def test_health_stays_open_everything_else_needs_a_token(
     assert call(server.url, "GET", "/v2/models/linear", headers=_bearer("forged")).status == 401
     assert call(server.url, "GET", "/metrics").status == 401
     assert call(server.url, "GET", "/metrics", headers=_bearer(tokens["read"])).status == 200
+    with grpc.insecure_channel(server.grpc_url) as channel:  # grpc.health.v1 too (probes)
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        assert check(b"", timeout=30) == b"\x08\x01"  # SERVING
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="linear"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_scopes_decide_403(secured: tuple[RunningServer, dict[str, str]]) -> None:

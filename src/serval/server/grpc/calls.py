@@ -12,19 +12,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import Any, NoReturn, Protocol
 
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
 from serval.observability.logging import report_internal_error
-from serval.protocol.grpc import grpc_service_pb2 as pb
 from serval.protocol.grpc.status import GrpcStatus
 from serval.server.grpc.errors import Trailers
 from serval.server.grpc.stream import ServerCall
 
 log = logging.getLogger(__name__)
 
-SERVICE = "inference.GRPCInferenceService"
 _TIMEOUT_UNITS_NS = {"H": 3_600_000_000_000, "M": 60_000_000_000, "S": 1_000_000_000,
                      "m": 1_000_000, "u": 1_000, "n": 1}
 
@@ -73,11 +73,24 @@ class CallContext:
         return self.call.max_messages
 
 
-class ServiceRunner:
-    """Maps paths to the servicer's methods and runs each call to its status."""
+class Servicer(Protocol):
+    """An object with a method for every RPC of one service, by the RPC's name."""
 
-    def __init__(self, servicer: object) -> None:
-        self.methods = service_methods(servicer)
+    @property
+    def SERVICE(self) -> ServiceDescriptor:
+        """The service it implements."""
+
+    @property
+    def MESSAGES(self) -> ModuleType:
+        """The generated module holding the service's message classes."""
+
+
+class ServiceRunner:
+    """Maps paths to the servicers' methods and runs each call to its status."""
+
+    def __init__(self, *servicers: Servicer) -> None:
+        self.methods = {path: method for servicer in servicers
+                        for path, method in service_methods(servicer).items()}
 
     def is_client_streaming(self, path: str) -> bool | None:
         method = self.methods.get(path)
@@ -110,12 +123,12 @@ class ServiceRunner:
                                                         "internal server error", repr(exc)))
 
 
-def service_methods(servicer: object) -> dict[str, Method]:
-    """Every RPC of GRPCInferenceService, bound to the servicer's method of the same name."""
-    service = pb.DESCRIPTOR.services_by_name[SERVICE.split(".")[-1]]
+def service_methods(servicer: Servicer) -> dict[str, Method]:
+    """Every RPC of the servicer's service, bound to its method of the same name."""
+    service = servicer.SERVICE
     return {
         f"/{service.full_name}/{rpc.name}": Method(
-            rpc.name, getattr(pb, rpc.input_type.name), rpc.client_streaming,
+            rpc.name, getattr(servicer.MESSAGES, rpc.input_type.name), rpc.client_streaming,
             rpc.server_streaming, getattr(servicer, rpc.name))
         for rpc in service.methods
     }

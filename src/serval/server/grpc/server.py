@@ -10,6 +10,7 @@ from serval.auth import TokenStore
 from serval.dataplane import DataPlane
 from serval.server.grpc.calls import ServiceRunner
 from serval.server.grpc.connection import GrpcConnection
+from serval.server.grpc.health import HealthServicer
 from serval.server.grpc.servicer import InferenceServicer
 from serval.server.grpc.stream import ResponseHeaders
 from serval.server.limits import TransportGuards
@@ -19,8 +20,9 @@ from serval.server.listen import serve_on, tls_context
 class GrpcServer:
     """Listening for gRPC; `stop` refuses new calls and lets the open ones finish."""
 
-    def __init__(self, server: asyncio.Server, connections: set[GrpcConnection]) -> None:
-        self.server, self.connections = server, connections
+    def __init__(self, server: asyncio.Server, connections: set[GrpcConnection],
+                 health: HealthServicer) -> None:
+        self.server, self.connections, self.health = server, connections, health
 
     @property
     def port(self) -> int:
@@ -28,6 +30,7 @@ class GrpcServer:
 
     async def stop(self, grace_s: float) -> None:
         self.server.close()
+        self.health.stopping.set()  # open health Watches say NOT_SERVING and end
         for connection in list(self.connections):
             connection.shut_down()
         loop = asyncio.get_running_loop()
@@ -45,11 +48,12 @@ async def start_grpc_server(dataplane: DataPlane, sock: socket.socket, *,
                             own_headers: tuple[tuple[str, str], ...] = ()) -> GrpcServer:
     """A started server on a bound socket. `own_headers` (serval-node) go on every answer,
     encoded here once."""
-    runner = ServiceRunner(InferenceServicer(dataplane, auth))
+    health = HealthServicer(dataplane)
+    runner = ServiceRunner(InferenceServicer(dataplane, auth), health)
     headers = ResponseHeaders(own_headers)
     connections: set[GrpcConnection] = set()
     cert, key = tls if tls is not None else (None, None)
     server = await serve_on(sock, lambda: GrpcConnection(runner, connections, guards, headers),
                             tls_context(cert, key, alpn=("h2",)),
                             guards.limits.tls_handshake_timeout_s, guards.gate)
-    return GrpcServer(server, connections)
+    return GrpcServer(server, connections, health)

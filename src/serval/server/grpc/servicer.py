@@ -36,6 +36,9 @@ _STREAM_SLOTS = 128  # requests of one stream in flight, when the context does n
 class InferenceServicer(SharedMemoryRpcs):
     """The v2 gRPC API over one DataPlane: a method for every RPC of the service, by its name."""
 
+    SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    MESSAGES = pb
+
     def __init__(self, dataplane: DataPlane, auth: TokenStore | None = None) -> None:
         self.dataplane = dataplane
         self.auth = auth  # None: no authentication; liveness and readiness stay open
