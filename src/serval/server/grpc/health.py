@@ -24,7 +24,9 @@ WATCH_POLL_S = 1.0  # how often an open Watch looks at the server's readiness
 
 
 class HealthServicer:
-    """Check and Watch over one DataPlane's readiness."""
+    """Check and Watch over one DataPlane's readiness. Open Watches cost nothing while the
+    status holds: one poller (running while any Watch is open) looks once per WATCH_POLL_S and
+    wakes them only when it changes."""
 
     SERVICE = pb.DESCRIPTOR.services_by_name["Health"]
     MESSAGES = pb
@@ -32,7 +34,10 @@ class HealthServicer:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
         self.stopping = asyncio.Event()  # set when the server stops: open Watches end
-        self._seen = (-WATCH_POLL_S, pb.HealthCheckResponse.UNKNOWN)  # (loop time, status)
+        self._current = pb.HealthCheckResponse.UNKNOWN  # what the poller saw last
+        self._changed = asyncio.Event()  # set (and replaced) when _current changes or stop
+        self._watchers = 0
+        self._poller: asyncio.Task[None] | None = None
 
     async def Check(self, request: Any, context: Any) -> pb.HealthCheckResponse:
         if request.service not in SERVICES:
@@ -46,27 +51,38 @@ class HealthServicer:
             yield pb.HealthCheckResponse(status=pb.HealthCheckResponse.SERVICE_UNKNOWN)
             await self.stopping.wait()
             return
-        sent = None
-        while True:
-            status = self._status(shared=True)
-            if status != sent:
-                yield pb.HealthCheckResponse(status=status)
-                sent = status
-            if self.stopping.is_set():
-                if sent != pb.HealthCheckResponse.NOT_SERVING:
-                    yield pb.HealthCheckResponse(status=pb.HealthCheckResponse.NOT_SERVING)
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), WATCH_POLL_S)
+        self._watchers += 1
+        try:
+            if self._poller is None:
+                self._current = self._status()
+                self._poller = asyncio.create_task(self._poll(), name="serval-health-watch")
+            sent = None
+            while True:
+                changed = self._changed
+                if self._current != sent:
+                    sent = self._current
+                    yield pb.HealthCheckResponse(status=sent)
+                if self.stopping.is_set():
+                    return
+                await changed.wait()
+        finally:
+            self._watchers -= 1
 
-    def _status(self, shared: bool = False) -> pb.HealthCheckResponse.ServingStatus:
-        """The server's status; `shared`: at most one look per half poll for all Watches (a
-        readiness check with strict readiness looks at every model that should serve)."""
-        loop = asyncio.get_running_loop()
-        seen_at, status = self._seen
-        if shared and loop.time() - seen_at < WATCH_POLL_S / 2:
-            return status
-        status = (pb.HealthCheckResponse.SERVING if self.dataplane.ready() and
-                  not self.stopping.is_set() else pb.HealthCheckResponse.NOT_SERVING)
-        self._seen = (loop.time(), status)
-        return status
+    async def _poll(self) -> None:
+        """While any Watch is open: the status once per WATCH_POLL_S; its Watches woken on a
+        change, and when the server stops (NOT_SERVING, then they end)."""
+        try:
+            while self._watchers and not self.stopping.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stopping.wait(), WATCH_POLL_S)
+                status = self._status()
+                if status != self._current or self.stopping.is_set():
+                    self._current = status
+                    self._changed.set()
+                    self._changed = asyncio.Event()
+        finally:
+            self._poller = None
+
+    def _status(self) -> pb.HealthCheckResponse.ServingStatus:
+        ready = self.dataplane.ready() and not self.stopping.is_set()
+        return pb.HealthCheckResponse.SERVING if ready else pb.HealthCheckResponse.NOT_SERVING
