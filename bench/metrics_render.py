@@ -146,6 +146,10 @@ def main() -> None:
           f"{len(series.render()) / 1e3:.0f} kB; median of {args.rounds} renders")
     print(f"  prometheus_client: {library:7.1f} ms")
     print(f"  serval:            {ours:7.1f} ms  ({library / ours:.1f}x faster, same text)")
+    triton = ModelSeries(lambda: models, totals, args.top_k, triton=True)
+    both = _median_ms(triton.render, args.rounds)
+    print(f"  serval with --triton-metrics (nv_* too): {both:.1f} ms "
+          f"({both / ours:.2f}x, {len(triton.render()) / 1e3:.0f} kB)")
 
 
 if __name__ == "__main__":

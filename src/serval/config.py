@@ -135,6 +135,7 @@ class ServerConfig(Strict):
     max_inflight: int = Field(4096, ge=1, description="requests in the server at once; 429 past")
     default_timeout_ms: float = Field(0.0, ge=0.0, description="0: requests have no deadline")
     metrics_top_k: int = Field(100, ge=1, description="per-model series for the K busiest")
+    triton_metrics: bool = Field(False, description="Triton's nv_* metric names on /metrics too")
     poll_interval_s: float = Field(0.0, ge=0.0, description="0: never poll the repository")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     trace_file: Path | None = Field(None, description="where sampled requests' traces go")

@@ -71,6 +71,8 @@ class BatchStats:
 
 
 _HISTOGRAMS = ("request_seconds", "queue_seconds", "compute_seconds", "batch_size")
+_DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+              "cache_hit", "cache_miss")  # summed into the totals too (Triton's metric names)
 
 
 class ModelStats:
@@ -106,7 +108,9 @@ class ModelStats:
         rest = ModelStats(name, "")
         rest.outcomes = dict(self.outcomes)
         rest.inference_count, rest.execution_count = self.inference_count, self.execution_count
-        rest.cache_hit.count, rest.cache_miss.count = self.cache_hit.count, self.cache_miss.count
+        for attribute in _DURATIONS:
+            mine = getattr(self, attribute)
+            getattr(rest, attribute).add(mine.ns, mine.count)
         for attribute in _HISTOGRAMS:
             getattr(rest, attribute).add(getattr(self, attribute))
         for other in others:
@@ -114,8 +118,9 @@ class ModelStats:
                 rest.outcomes[outcome] = rest.outcomes.get(outcome, 0) - count
             rest.inference_count -= other.inference_count
             rest.execution_count -= other.execution_count
-            rest.cache_hit.count -= other.cache_hit.count
-            rest.cache_miss.count -= other.cache_miss.count
+            for attribute in _DURATIONS:
+                theirs = getattr(other, attribute)
+                getattr(rest, attribute).add(-theirs.ns, -theirs.count)
             for attribute in _HISTOGRAMS:
                 getattr(rest, attribute).add(getattr(other, attribute), sign=-1)
         return rest
@@ -129,6 +134,7 @@ class ModelStats:
         if self.totals is not None:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
             self.totals.requests += 1
+            (self.totals.success if outcome == "success" else self.totals.fail).add(duration_ns)
             self.totals.request_seconds.observe(duration_ns * 1e-9)
 
     def record_refusal(self, outcome: str) -> None:
@@ -140,6 +146,7 @@ class ModelStats:
         if self.totals is not None:
             self.totals.outcomes[outcome] = self.totals.outcomes.get(outcome, 0) + 1
             self.totals.requests += 1
+            self.totals.fail.add(0)
 
     def record_step(self, step: str, duration_ns: int) -> None:
         """A pipeline step finished (successfully or not) after duration_ns."""
@@ -158,6 +165,7 @@ class ModelStats:
         self.queue.add(duration_ns)
         self.queue_seconds.observe(duration_ns * 1e-9)
         if self.totals is not None:
+            self.totals.queue.add(duration_ns)
             self.totals.queue_seconds.observe(duration_ns * 1e-9)
 
     def record_execution(
@@ -181,6 +189,9 @@ class ModelStats:
         if self.totals is not None:
             self.totals.execution_count += 1
             self.totals.inference_count += rows
+            self.totals.compute_input.add(input_ns, requests)
+            self.totals.compute_infer.add(infer_ns, requests)
+            self.totals.compute_output.add(output_ns, requests)
             self.totals.compute_seconds.observe((input_ns + infer_ns + output_ns) * 1e-9)
             self.totals.batch_size.observe(rows)
 

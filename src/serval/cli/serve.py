@@ -84,6 +84,11 @@ def serve_command(
         server_default("metrics_top_k"), "--metrics-top-k",
         help="Per-model metric series for the K busiest; others summed.",
     ),
+    triton_metrics: bool = typer.Option(
+        server_default("triton_metrics"), "--triton-metrics/--no-triton-metrics",
+        help="Also Triton's metric names on /metrics (nv_inference_*, nv_cache_*, nv_cpu_*), "
+        "for dashboards and alerts written against Triton.",
+    ),
     poll_interval_s: float = typer.Option(
         server_default("poll_interval_s"), "--poll-interval-s", parser=seconds, metavar="DURATION",
         help="Watch the repository: publishes, rollbacks and config edits hot-swap (0: off; "
@@ -247,7 +252,8 @@ def serve_command(
             model_control=model_control, load_models=load_models or [],
             memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
-            metrics_top_k=metrics_top_k, allow_python_models=allow_python_models,
+            metrics_top_k=metrics_top_k, triton_metrics=triton_metrics,
+            allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,
             log_level=log_level, repository_api=repository_api,

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from serval.observability.exposition import ModelView, render_models
+from serval.observability.triton_metrics import render_triton
 from serval.stats import Histogram, ModelStats
 
 
@@ -158,10 +159,11 @@ class ModelSeries:
     """
 
     def __init__(self, models: Callable[[], Sequence[ModelView]], totals: ModelStats,
-                 top_k: int) -> None:
+                 top_k: int, triton: bool = False) -> None:
         self._models = models
         self._totals = totals  # every model's counters summed as they are recorded
         self.top_k = top_k
+        self.triton = triton  # Triton's nv_* families too (triton_metrics.py)
 
     def bounded(self) -> list[ModelView]:
         """The top_k busiest versions, plus `_other` = totals less them: O(K) histogram work."""
@@ -177,7 +179,8 @@ class ModelSeries:
             sum(m.pending_requests for m in rest), sum(m.running_batches for m in rest))]
 
     def render(self) -> str:
-        return render_models(self.bounded())
+        models = self.bounded()
+        return render_models(models) + (render_triton(models) if self.triton else "")
 
 
 class Exposition:

@@ -30,6 +30,7 @@ from serval.observability.metrics import (
     TransportMetricsCollector,
 )
 from serval.observability.trace import Tracer
+from serval.observability.triton_metrics import CpuCollector
 from serval.protocol.shared_memory import SharedMemoryRegistry
 from serval.repository.backends import BackendTable
 from serval.repository.registry import ModelRegistry
@@ -93,7 +94,8 @@ async def build_stack(config: ServerConfig, cores: int | None = None) -> Serving
     tasks.append(asyncio.create_task(status.run(), name=SAMPLER_TASK))
     dataplane.max_override_bytes = max(guards.limits.max_request_bytes,  # a load's files
                                        guards.limits.max_message_bytes)
-    app = HttpApp(dataplane, build_metrics(registry, guards, config.metrics_top_k, dataplane),
+    app = HttpApp(dataplane, build_metrics(registry, guards, config.metrics_top_k, dataplane,
+                                           config.triton_metrics),
                   auth, status, guards.limits.max_request_bytes)
     return ServingStack(config, registry, dataplane, app, auth, guards, status, tasks)
 
@@ -183,16 +185,18 @@ def build_model_registry(config: ServerConfig, cores: int) -> ModelRegistry:
 
 
 def build_metrics(registry: ModelRegistry, guards: TransportGuards, top_k: int,
-                  dataplane: DataPlane | None = None) -> Exposition:
-    """/metrics: per-model series, the registry's gauges, the transports'."""
+                  dataplane: DataPlane | None = None, triton: bool = False) -> Exposition:
+    """/metrics: per-model series, the registry's gauges, the transports'; `triton`: Triton's
+    metric names too."""
     return Exposition(
-        ModelSeries(registry.all_models, registry.totals, top_k=top_k),
+        ModelSeries(registry.all_models, registry.totals, top_k=top_k, triton=triton),
         RegistryMetricsCollector(lambda: RegistryGauges(
             registry.loads, registry.evictions, registry.resident_bytes,
             registry.memory_budget_bytes, registry.hits, registry.misses,
             registry.load_seconds, registry.cache.capacity, registry.cache.bytes,
             len(registry.cache), registry.cache.evictions)),
         TransportMetricsCollector(lambda: transport_gauges(guards, dataplane)),
+        *([CpuCollector()] if triton else []),
     )
 
 
