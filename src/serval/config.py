@@ -159,6 +159,8 @@ class ServerConfig(Strict):
         None, description="the serval-node answer header's value; None: this host's name")
     node_header: bool = Field(True, description="every answer names its node (serval-node)")
     agent_port: int = Field(0, ge=0, le=65535, description="HAProxy agent check; 0: off")
+    metrics_port: int = Field(0, ge=0, le=65535, description="GET /metrics on this port too "
+                              "(Triton's --metrics-port); 0: on the HTTP port only")
     drain_delay_s: float = Field(
         0.0, ge=0.0, description="on SIGTERM: not ready, still serving, this long; then drain")
     exit_timeout_s: float = Field(
@@ -176,6 +178,10 @@ class ServerConfig(Strict):
     def _agent_port_apart(self) -> ServerConfig:
         if self.agent_port and self.agent_port in (self.http_port, self.grpc_port):
             raise ValueError(f"--agent-port {self.agent_port} is also the HTTP or gRPC port")
+        if self.metrics_port and self.metrics_port in (self.http_port, self.grpc_port,
+                                                       self.agent_port):
+            raise ValueError(f"--metrics-port {self.metrics_port} is also the HTTP, gRPC or "
+                             "agent port")
         return self
 
     def resolved_node_name(self) -> str:

@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from serval.ports import free_ports
 from tests import fixture_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call
@@ -73,3 +74,24 @@ def test_triton_names_count_what_tritonclient_did(server_factory: Factory,
 def test_without_the_flag_there_are_no_triton_names(server: RunningServer) -> None:
     text = call(server.url, "GET", "/metrics").body.decode()
     assert "serval_requests_total" in text and "nv_" not in text
+
+
+def test_the_metrics_port_serves_metrics_and_nothing_else(server_factory: Factory,
+                                                          tmp_path: Path) -> None:
+    """Triton's metrics port (--metrics-port, 8002 there): a Prometheus job scraping it
+    carries over; the v2 API is not reachable through it."""
+    fixture_models.add_sub(tmp_path)
+    (port,) = free_ports(1)
+    server = server_factory(tmp_path, "--metrics-port", str(port), "--triton-metrics")
+    url = f"127.0.0.1:{port}"
+    scraped = call(url, "GET", "/metrics")
+    assert scraped.status == 200
+    assert "serval_requests_total" in scraped.body.decode()
+    assert "nv_inference_request_success" in scraped.body.decode()
+    for method, path in (("GET", "/v2/health/ready"), ("GET", "/v2/models/add_sub"),
+                         ("POST", "/v2/models/add_sub/infer"), ("GET", "/")):
+        refused = call(url, method, path, b"{}" if method == "POST" else None)
+        assert refused.status == 404, (path, refused.body)
+        assert "serves GET /metrics only" in refused.error
+    assert call(server.url, "GET", "/metrics").status == 200  # and on the HTTP port, as before
+

@@ -84,6 +84,10 @@ def serve_command(
         server_default("metrics_top_k"), "--metrics-top-k",
         help="Per-model metric series for the K busiest; others summed.",
     ),
+    metrics_port: int = typer.Option(
+        server_default("metrics_port"), "--metrics-port",
+        help="Serve GET /metrics on this port too, as Triton's metrics port (0: only on the "
+        "HTTP port)."),
     triton_metrics: bool = typer.Option(
         server_default("triton_metrics"), "--triton-metrics/--no-triton-metrics",
         help="Also Triton's metric names on /metrics (nv_inference_*, nv_cache_*, nv_cpu_*), "
@@ -253,6 +257,7 @@ def serve_command(
             memory_budget=memory_budget,
             max_concurrent_loads=max_concurrent_loads, poll_interval_s=poll_interval_s,
             metrics_top_k=metrics_top_k, triton_metrics=triton_metrics,
+            metrics_port=metrics_port,
             allow_python_models=allow_python_models,
             max_inflight=max_inflight, default_timeout_ms=default_timeout_ms,
             auth_tokens=auth_tokens, tls_cert=tls_cert, tls_key=tls_key,

@@ -37,6 +37,7 @@ from serval.repository.registry import ModelRegistry
 from serval.repository.watcher import watch_repository
 from serval.server.agent import AgentServer, NodeState
 from serval.server.http.app import HttpApp
+from serval.server.http.metrics_port import MetricsPortApp
 from serval.server.http.protocol import ConnectionTracker, HttpProtocol
 from serval.server.http.ui.status import ServerStatus
 from serval.server.http.wire import ServerHeaders
@@ -223,6 +224,7 @@ class Server:
     grpc: GrpcServer | None
     node: NodeState
     agent: AgentServer | None = None
+    metrics: asyncio.Server | None = None  # --metrics-port: GET /metrics alone
     hurry: asyncio.Event = field(default_factory=asyncio.Event)  # set: cut the drain delay short
 
     @property
@@ -250,18 +252,21 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
     headers = own_headers(config)
     sock = _bind(config.host, config.http_port, "--http-port", reuse_port)
     node = NodeState()  # the agent answers `down#not ready` while the models load
-    agent = grpc_sock = None
+    agent = grpc_sock = metrics_sock = None
     try:
         if config.grpc_port:
             grpc_sock = _bind(config.host, config.grpc_port, "--grpc-port", reuse_port)
+        if config.metrics_port:
+            metrics_sock = _bind(config.host, config.metrics_port, "--metrics-port", reuse_port)
         if config.agent_port:
             agent = AgentServer(node.reply)
             await agent.start(_bind(config.host, config.agent_port, "--agent-port", reuse_port))
         stack = await build_stack(config)
     except BaseException:
         sock.close()
-        if grpc_sock is not None:
-            grpc_sock.close()
+        for other in (grpc_sock, metrics_sock):
+            if other is not None:
+                other.close()
         if agent is not None:
             agent.close()
         raise
@@ -269,10 +274,15 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
     guards = stack.guards
     tracker = ConnectionTracker()
     http_headers = ServerHeaders([(name.encode(), value.encode()) for name, value in headers])
+    tls = tls_context(config.tls_cert, config.tls_key)
     http = await serve_on(sock, lambda: HttpProtocol(stack.app, tracker, guards, http_headers),
-                          tls_context(config.tls_cert, config.tls_key),
-                          config.limits.tls_handshake_timeout_s,
-                          guards.gate)
+                          tls, config.limits.tls_handshake_timeout_s, guards.gate)
+    metrics = None
+    if metrics_sock is not None:
+        only_metrics = MetricsPortApp(stack.app)
+        metrics = await serve_on(
+            metrics_sock, lambda: HttpProtocol(only_metrics, tracker, guards, http_headers),
+            tls, config.limits.tls_handshake_timeout_s, guards.gate)
     grpc = None
     if grpc_sock is not None:  # grpc_port 0: the gRPC stack is never imported
         from serval.server.grpc.server import start_grpc_server
@@ -285,7 +295,7 @@ async def start_server(config: ServerConfig, *, reuse_port: bool = False,
         gc.collect()
         gc.freeze()
     stack.dataplane.set_ready(True)
-    return Server(stack, http, tracker, grpc, node, agent)
+    return Server(stack, http, tracker, grpc, node, agent, metrics=metrics)
 
 
 def check_ports_free(config: ServerConfig) -> None:
@@ -293,7 +303,8 @@ def check_ports_free(config: ServerConfig) -> None:
     each binds with SO_REUSEPORT, which would share a port with another server of this user
     (two servers answering one port) where a plain bind fails."""
     for flag, port in (("--http-port", config.http_port), ("--grpc-port", config.grpc_port),
-                       ("--agent-port", config.agent_port)):
+                       ("--agent-port", config.agent_port),
+                       ("--metrics-port", config.metrics_port)):
         if port:
             _bind(config.host, port, flag, reuse_port=False).close()
 
@@ -320,6 +331,8 @@ async def stop_server(server: Server, grace_s: float = GRACEFUL_SHUTDOWN_S) -> b
     for task in server.stack.tasks:
         task.cancel()
     server.http.close()
+    if server.metrics is not None:
+        server.metrics.close()
     if server.agent is not None:
         server.agent.close()  # it answered `drain` until now
     started = asyncio.get_running_loop().time()

@@ -63,6 +63,7 @@ async def _serve_async(config: ServerConfig, reuse_port: bool) -> None:
         loop.add_signal_handler(signum, stop.set)
     log.info("serving", extra={"host": config.host, "http_port": server.http_port,
                                 "grpc_port": server.grpc_port, "agent_port": server.agent_port,
+                                "metrics_port": config.metrics_port or None,
                                 "models": len(server.stack.registry.all_models()),
                                 "pid": os.getpid()})
     await stop.wait()

@@ -7,7 +7,7 @@ import base64
 import contextvars
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -46,6 +46,16 @@ _MODEL_ACTIONS = ("", "ready", "config", "stats", "infer", *GENERATE)
 
 _SERVER_PATHS: tuple[list[str], ...] = (  # the GET routes of _server_route
     [], ["health", "live"], ["health", "ready"], ["models", "stats"], ["openapi.json"])
+
+class Routes(Protocol):
+    """What a connection asks of the app behind its port (HttpApp; metrics_port's)."""
+
+    async def handle(self, method: str, path: str, headers: RawHeaders, body: bytes,
+                     query: str = "", authorized: Token | None = None
+                     ) -> Reply | StreamedReply: ...
+
+    def precheck(self, method: str, path: str, headers: RawHeaders) -> Reply | Token: ...
+
 
 class HttpApp:
     """Routes v2 REST requests to the data plane and encodes the replies."""

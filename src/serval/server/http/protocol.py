@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import cast
 
-from serval.server.http.app import HttpApp
+from serval.server.http.app import Routes
 from serval.server.http.errors import Reply
 from serval.server.http.holds import RetryHolds, too_early
 from serval.server.http.reader import Request, RequestReader
@@ -72,7 +72,7 @@ class ConnectionTracker:
 class HttpProtocol(RequestReader):
     """One client connection: requests in (reader.py), answers out in order."""
 
-    def __init__(self, app: HttpApp, tracker: ConnectionTracker, guards: TransportGuards,
+    def __init__(self, app: Routes, tracker: ConnectionTracker, guards: TransportGuards,
                  server_headers: ServerHeaders = NO_SERVER_HEADERS) -> None:
         super().__init__(app, guards)
         self.tracker = tracker

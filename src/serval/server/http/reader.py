@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import httptools
 
 from serval.auth import Token
-from serval.server.http.app import HttpApp
+from serval.server.http.app import Routes
 from serval.server.http.infer_headers import RawHeaders
 from serval.server.http.wire import Refusal, refusal
 from serval.server.limits import TransportGuards
@@ -48,7 +48,7 @@ class _Refused(Exception):
 class RequestReader(asyncio.Protocol):
     """The parsing half of a connection; the connection answers what `_enqueue` is given."""
 
-    def __init__(self, app: HttpApp, guards: TransportGuards) -> None:
+    def __init__(self, app: Routes, guards: TransportGuards) -> None:
         self.app, self.guards, self.limits = app, guards, guards.limits
         self.max_body_bytes = guards.limits.max_request_bytes
         self.max_header_bytes = guards.limits.max_header_bytes
