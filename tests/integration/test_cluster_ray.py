@@ -255,6 +255,10 @@ def test_the_index_and_statistics_routes_answer_through_the_ingress(cluster: Ray
 
 
 def test_cluster_status_and_bad_deploy_arguments(cluster: RayServal) -> None:
+    # Ray may still be starting a replica (the kill test's replacement, an autoscaled one on a
+    # loaded box): the command is to say RUNNING once Ray does
+    _wait_until(lambda: serve.status().applications["serval"].status == "RUNNING",
+                "Ray did not report the application RUNNING", DEPLOY_TIMEOUT_S)
     status = _serval("cluster", "ray", "status", "--address", cluster.address)
     assert status.returncode == 0, status.stderr[-2000:]
     assert "serval: RUNNING" in status.stdout and "ServalReplica" in status.stdout

@@ -19,6 +19,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from serval.ports import free_ports
 from tests import fixture_models, triton_sequence_models
 from tests.conftest import RunningServer
 from tests.integration.http_helpers import call
@@ -413,3 +414,30 @@ def test_tritons_flag_names_serve_a_repository_and_poll_it(
     while not client.is_model_ready("double"):
         assert time.monotonic() < deadline, "the new model did not load in 30 s"
         time.sleep(0.05)
+
+
+def test_a_tritonserver_deployment_command_line_serves_unchanged(
+        server_factory: Callable[..., RunningServer], tmp_path: Path) -> None:
+    """The flags a Kubernetes manifest for Triton carries, in Triton's `--flag=value` form:
+    those with a meaning here are applied, the others are named on stderr as ignored."""
+    repository = tmp_path / "models"
+    fixture_models.add_sub(repository, "simple")
+    fixture_models.triton_config(repository, "simple", SIMPLE)
+    (metrics_port,) = free_ports(1)
+    server = server_factory(
+        None, f"--model-repository={repository}", "--strict-model-config=false",
+        "--log-verbose=1", "--allow-gpu-metrics=false", "--exit-on-error=false",
+        f"--metrics-port={metrics_port}", "--pinned-memory-pool-byte-size=268435456",
+        "--cuda-memory-pool-byte-size=0:67108864", "--backend-config=python,shm-growth=1",
+        "--strict-readiness=false", "--model-control-mode=explicit", "--load-model=simple",
+        "--http-address=127.0.0.1")
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.is_model_ready("simple")
+    assert call(f"127.0.0.1:{metrics_port}", "GET", "/metrics").status == 200
+    log = server.log()
+    for flag in ("--strict-model-config", "--allow-gpu-metrics", "--exit-on-error",
+                 "--pinned-memory-pool-byte-size", "--cuda-memory-pool-byte-size",
+                 "--backend-config"):
+        assert f"serval: ignoring {flag} (" in log, flag
+    assert client.get_log_settings()["log_verbose_level"] == 1  # --log-verbose=1
+

@@ -15,4 +15,14 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("serval: interrupted\n")
         sys.exit(INTERRUPTED)
+    if sys.argv[1:2] == ["serve"]:  # a tritonserver command line works too
+        from serval.cli.triton_flags import translate
+
+        try:
+            sys.argv[2:], notes = translate(sys.argv[2:])
+        except ValueError as exc:
+            sys.stderr.write(f"serval: {exc}\n")
+            sys.exit(2)  # a usage error, as click's
+        for note in notes:
+            sys.stderr.write(f"serval: {note}\n")
     app()
