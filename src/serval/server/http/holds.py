@@ -45,8 +45,6 @@ class RetryHolds:
 
     def wait_s(self, path: str, now: float) -> tuple[float, bytes] | None:
         """(seconds left, Retry-After) when a request for `path` comes too early, else None."""
-        if not self.held:
-            return None
         hold = self.held.get(refusal_scope(path))
         if hold is None or hold[0] <= now:
             return None

@@ -257,7 +257,8 @@ class HttpProtocol(RequestReader):
                 if isinstance(item, Refusal):
                     self._send_refusal(item)
                     return
-                early = self.holds.wait_s(item.path, self.loop.time())
+                early = (self.holds.wait_s(item.path, self.loop.time()) if self.holds.held
+                         else None)  # (no clock read per request while nothing is held)
                 reply: Reply | StreamedReply
                 if early is not None:  # a client ignoring Retry-After: no work for it
                     await asyncio.sleep(early[0])
