@@ -65,8 +65,9 @@ def start_instances(count: int, start: Callable[[int], M]) -> list[M]:
 
 
 class InstancePool(Generic[M]):
-    """Several loaded copies of one model version served as one: a batch runs on a free one,
-    one whose worker is up (or may start now) before one held by its crash loop."""
+    """Several loaded copies of one model version served as one: a batch runs on a free one
+    whose worker is up, else waits for a busy one that is up; only with no worker up does it
+    go to one that is restarting or held by its crash loop (see _take)."""
 
     def __init__(self, members: list[M]) -> None:
         self.members = members
