@@ -2,10 +2,11 @@
 Kubernetes' `grpc` probes, grpc_health_probe and grpc's client-side health checking (as
 Triton answers it on its gRPC port). Open, as the v2 liveness and readiness RPCs are.
 
-The service "" (the whole server) and "inference.GRPCInferenceService" are SERVING while the
-server is ready (v2 ServerReady), NOT_SERVING while it starts, drains or (strict readiness) a
-model that should serve does not; any other name is NOT_FOUND for Check, SERVICE_UNKNOWN for
-Watch. Watch sends the status at once and again on each change, and ends when the server stops.
+The answer is the server's: SERVING while it is ready (v2 ServerReady), NOT_SERVING while it
+starts, drains or (strict readiness) a model that should serve does not. As Triton's, it is the
+same whatever service the request names, so a probe set up against Triton with a service name
+passes here too. Watch sends the status at once and again on each change, and ends when the
+server stops.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from typing import Any
 
 from serval.dataplane import DataPlane
 from serval.protocol.grpc import health_pb2 as pb
-from serval.protocol.grpc.status import GrpcStatus
 
-SERVICES = ("", "inference.GRPCInferenceService")
 WATCH_POLL_S = 1.0  # how often an open Watch looks at the server's readiness
 
 
@@ -40,17 +39,9 @@ class HealthServicer:
         self._poller: asyncio.Task[None] | None = None
 
     async def Check(self, request: Any, context: Any) -> pb.HealthCheckResponse:
-        if request.service not in SERVICES:
-            await context.abort(GrpcStatus.NOT_FOUND,
-                                f"unknown service '{request.service[:200]}'; this server "
-                                f"answers for {', '.join(repr(s) for s in SERVICES)}")
         return pb.HealthCheckResponse(status=self._status())
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[pb.HealthCheckResponse]:
-        if request.service not in SERVICES:  # the protocol: say so, keep the call open
-            yield pb.HealthCheckResponse(status=pb.HealthCheckResponse.SERVICE_UNKNOWN)
-            await self.stopping.wait()
-            return
         self._watchers += 1
         try:
             if self._poller is None:
