@@ -57,6 +57,12 @@ def _occupy(server: RunningServer) -> threading.Thread:
     return occupy(server.url, "slow", BIG)
 
 
+def _keep_alive(server: RunningServer) -> http.client.HTTPConnection:
+    """One keep-alive connection: what a Retry-After holds is per connection."""
+    host, port = server.url.split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=30)
+
+
 def _computed_rows(server: RunningServer) -> int:
     return inference_count(server.url, "slow")
 
@@ -132,8 +138,7 @@ def test_a_connection_resending_before_retry_after_is_refused_when_it_elapses(
     measured: RunningServer,
 ) -> None:
     blocker = _occupy(measured)
-    host, port = measured.url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection = _keep_alive(measured)
     headers = {"Serval-Timeout-Ms": "5", "Content-Type": "application/json"}
     try:
         connection.request("POST", INFER, ONE_ROW, headers)
@@ -159,8 +164,7 @@ def test_a_retry_after_holds_back_only_its_model_on_the_connection(
 ) -> None:
     """A proxy's connection carries many clients: one model's 429 must not hold the others."""
     blocker = _occupy(measured)
-    host, port = measured.url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection = _keep_alive(measured)
     other = orjson.dumps({"inputs": [
         {"name": n, "datatype": "FP32", "shape": [1, 16], "data": [1.0] * 16}
         for n in ("INPUT0", "INPUT1")]})

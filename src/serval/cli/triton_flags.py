@@ -88,6 +88,7 @@ MAPPED: dict[str, Callable[[str, str], list[str]]] = {
     "--model-load-thread-count": lambda flag, value: ["--max-concurrent-loads", value],
 }
 ADDRESSES = ("--http-address", "--grpc-address", "--metrics-address")  # one --host here
+TRITON = {*IGNORED, *MAPPED, *ADDRESSES, "--allow-http"}  # every flag rewritten here
 
 
 def translate(args: list[str]) -> tuple[list[str], list[str]]:
@@ -102,11 +103,9 @@ def translate(args: list[str]) -> tuple[list[str], list[str]]:
         arg = args[i]
         i += 1
         flag, equals, value = arg.partition("=")
-        known = flag in IGNORED or flag in MAPPED or flag in ADDRESSES or flag == "--allow-http"
-        if not flag.startswith("--") or not known or (flag == "--strict-readiness"
-                                                        and not equals and not _next_is_bool(
-                                                            args, i)):
-            out.append(arg)  # serve's own (its --strict-readiness flag among them)
+        own_flag = flag == "--strict-readiness" and not equals and not _next_is_bool(args, i)
+        if flag not in TRITON or own_flag:
+            out.append(arg)  # serve's own, as written (its --strict-readiness flag too)
             continue
         if not equals and flag not in NO_VALUE:
             if i >= len(args):
